@@ -1,0 +1,66 @@
+# nocloud.loadbalancer — every command a user or CI needs.
+#   make test   runs every test and check (installs what it needs; run as root)
+#   make lab    builds the local lab and runs site.yml on it
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+VENV ?= $(CURDIR)/.venv
+BIN := $(VENV)/bin
+PY := $(BIN)/python
+export PATH := $(BIN):$(PATH)
+# Debian packages the tests and the lab need on the controller.
+APT_PACKAGES := debootstrap iproute2 iputils-ping arping tcpdump nftables curl ndisc6 keepalived rsync
+
+.PHONY: help deps venv lint unit sanity netns molecule test lab lab-down bench build clean
+
+help:
+	@echo "make test   - install what is needed, then run lint, unit, sanity, namespace and molecule tests"
+	@echo "make lab    - build the lab (namespaces + systemd hosts) and run site.yml on it"
+	@echo "make bench  - run the benchmarks and print their figures"
+
+deps:
+	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then echo "installing:$$missing"; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; fi
+
+$(VENV)/.stamp: requirements-dev.txt pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements-dev.txt
+	$(PY) -m pip install -q -e .
+	touch $@
+
+venv: $(VENV)/.stamp
+
+lint: venv
+	$(BIN)/ruff check plugins speaker tests benchmarks
+	$(BIN)/mypy plugins/module_utils
+	$(BIN)/antsibull-changelog lint
+	scripts/collection-tree.sh ansible-lint
+
+unit: venv
+	$(BIN)/pytest tests/unit -q -p no:cacheprovider
+
+sanity: venv
+	scripts/collection-tree.sh sanity
+
+netns: deps venv
+	$(BIN)/pytest tests/netns -q -p no:cacheprovider
+
+molecule: deps venv
+	molecule test -s lab
+
+test: deps venv lint unit sanity netns molecule
+
+lab: deps venv
+	$(BIN)/ansible-playbook playbooks/lab.yml -e lab_action=up
+
+lab-down: venv
+	$(BIN)/ansible-playbook playbooks/lab.yml -e lab_action=down
+
+bench: deps venv
+	$(PY) benchmarks/core_bench.py
+
+build: venv
+	$(BIN)/ansible-galaxy collection build --force --output-path dist .
+
+clean:
+	rm -rf dist build tests/output .mypy_cache .ruff_cache .pytest_cache
