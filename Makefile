@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 PY := $(BIN)/python
 export PATH := $(BIN):$(PATH)
 # Debian packages the tests and the lab need on the controller.
-APT_PACKAGES := debootstrap iproute2 iputils-ping arping tcpdump nftables curl ndisc6 keepalived rsync
+APT_PACKAGES := debootstrap iproute2 iputils-ping arping tcpdump nftables curl ndisc6 keepalived rsync shellcheck
 
 .PHONY: help deps venv lint unit sanity netns molecule test lab lab-down bench build clean
 
