@@ -1,0 +1,86 @@
+"""Run the layer-2 responder alone, driven by JSON lines on stdin (for tests and debugging).
+
+    python -m nocloudlb.l2 serve [--node N] [--options JSON]
+        stdin:  {"cmd": "set", "vips": {"198.51.100.200": []}, "skip_check": []}
+                {"cmd": "stats"} | {"cmd": "conflicts"} | {"cmd": "quit"}
+        stdout: one JSON object per command; logs go to stderr as JSON lines
+    python -m nocloudlb.l2 probe IP [-i IFACE] [--timeout S]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from typing import Any
+
+from . import L2Announcer, probe
+
+_STD_ATTRS = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
+
+
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        doc = {"level": record.levelname.lower(), "msg": record.getMessage()}
+        doc.update({k: v for k, v in record.__dict__.items() if k not in _STD_ATTRS})
+        return json.dumps(doc, default=str)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_JsonFormatter())
+    log = logging.getLogger("nocloudlb.l2")
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    ann = L2Announcer(args.node, log, **json.loads(args.options))
+    ann.start()
+    print(json.dumps({"ok": True, "ready": True}), flush=True)
+    try:
+        for line in sys.stdin:
+            if not line.strip():
+                continue
+            try:
+                out: dict[str, Any]
+                req = json.loads(line)
+                cmd = req.get("cmd")
+                if cmd == "set":
+                    ann.set_announced(req["vips"], req.get("skip_check", ()))
+                    out = {"ok": True}
+                elif cmd == "stats":
+                    out = {"ok": True, "stats": ann.stats()}
+                elif cmd == "conflicts":
+                    out = {"ok": True, "conflicts": ann.conflicts()}
+                elif cmd == "quit":
+                    print(json.dumps({"ok": True}), flush=True)
+                    break
+                else:
+                    out = {"ok": False, "error": f"unknown cmd {cmd!r}"}
+            except Exception as exc:  # noqa: BLE001 - report any error to the driver
+                out = {"ok": False, "error": str(exc)}
+            print(json.dumps(out), flush=True)
+    finally:
+        ann.stop()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m nocloudlb.l2")
+    sub = ap.add_subparsers(dest="what", required=True)
+    s = sub.add_parser("serve")
+    s.add_argument("--node", default="n1")
+    s.add_argument("--options", default="{}", help="L2Announcer keyword arguments as JSON")
+    p = sub.add_parser("probe")
+    p.add_argument("ip")
+    p.add_argument("-i", "--iface")
+    p.add_argument("--timeout", type=float, default=1.0)
+    args = ap.parse_args(argv)
+    if args.what == "serve":
+        return _serve(args)
+    answers = probe(args.ip, args.iface, args.timeout)
+    print(json.dumps(answers))
+    return 0 if answers else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,641 @@
+"""L2Announcer: answers ARP/NDP for the VIPs this node leads and announces them when gained.
+
+One event-loop thread owns the raw sockets (one AF_PACKET socket per interface, with the
+BPF filter from bpf.py), a timer heap and per-interface transmit queues:
+
+- receive: ARP requests and NS whose target is announced on that interface are answered at
+  once (never paced); answers from other MACs for an address under check are conflicts.
+- timers: the conflict check (probes, then a decision) and the gratuitous ARP/NA rounds.
+- transmit: probes and gratuitous frames go through a per-interface token bucket, so a
+  takeover of thousands of VIPs is spread out instead of burst onto the segment.
+
+Lifecycle of an address given to ``set_announced``::
+
+    new ip ──► checking (RFC 5227 style: ``check_probes`` ARP probes / DAD NS,
+      │                  ``check_interval`` apart, then listen ``check_wait``)
+      │           ├─ another MAC answered ─► conflict (logged, counted, in conflicts();
+      │           │                            re-checked every ``conflict_retry`` s, never fought)
+      │           └─ silence ─► announcing
+      └─ ip in skip_check ─────────────────► announcing
+    announcing: answer requests; gratuitous ARP (request + reply form) / unsolicited NA with
+                the override flag now, then ``garp_rounds - 1`` more rounds ``garp_interval`` apart
+    ip no longer given ─► forgotten at once (no more answers, queued gratuitous frames dropped)
+
+Why ``skip_check``: the check exists for addresses nobody in the cluster announced
+before (first start, a VIP added to the config). When the daemon hands over an address
+from another member (the old leader died, was drained, left, or a restarted node preempts
+it), checking would either cost failover time (dead owner: nobody answers, ~0.3 s lost)
+or find the old leader still answering during a graceful handover and wrongly call it a
+conflict. The daemon knows which case it is in, so it passes those addresses in
+``skip_check``.
+"""
+
+from __future__ import annotations
+
+import errno
+import heapq
+import ipaddress
+import logging
+import os
+import selectors
+import socket
+import struct
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from prometheus_client import REGISTRY, CollectorRegistry
+
+from . import arp, ndp
+from .bpf import open_packet_socket, set_link_multicast
+from .interfaces import EXCLUDED, Interface, interfaces
+from .metrics import l2_metrics
+
+IPV6_JOIN_GROUP = getattr(socket, "IPV6_JOIN_GROUP", 20)
+IPV6_LEAVE_GROUP = getattr(socket, "IPV6_LEAVE_GROUP", 21)
+
+
+@dataclass
+class _Iface:
+    name: str
+    index: int
+    mac: bytes
+    sock: socket.socket
+    mcast: list[socket.socket] = field(default_factory=list)  # AF_INET6 sockets holding IPV6_JOIN_GROUPs
+    holder: dict = field(default_factory=dict)  # group -> socket that joined it (None: PACKET_MR_MULTICAST)
+    answer: set[bytes] = field(default_factory=set)  # packed IPs answered on this interface
+    groups: Counter = field(default_factory=Counter)  # solicited-node group -> number of VIPs
+    queue: deque = field(default_factory=deque)  # (ip, gen, frame, kind); kind "mcast": frame is a group
+    tokens: float = 0.0
+    refilled: float = 0.0
+    sent: Counter = field(default_factory=Counter)  # kind -> frames
+
+
+@dataclass
+class _Vip:
+    ip: str
+    packed: bytes
+    version: int
+    wanted: tuple[str, ...]
+    gen: int
+    state: str = "checking"  # checking | announcing | conflict
+    ifaces: set[str] = field(default_factory=set)
+    conflict: dict | None = None
+    probe_no: int = 0
+    probes_pending: int = 0
+
+
+class L2Announcer:
+    """Layer-2 announcer; see the module docstring. Thread-safe public methods."""
+
+    def __init__(
+        self,
+        node_name: str,
+        logger: logging.Logger,
+        *,
+        check_probes: int = 2,
+        check_interval: float = 0.1,
+        check_wait: float = 0.2,
+        garp_rounds: int = 5,
+        garp_interval: float = 1.1,
+        rate: float = 2000.0,
+        burst: int = 100,
+        rescan_interval: float = 5.0,
+        conflict_retry: float = 30.0,
+        registry: CollectorRegistry | None = REGISTRY,
+    ) -> None:
+        for name, value, low in [("check_probes", check_probes, 0), ("garp_rounds", garp_rounds, 1),
+                                 ("rate", rate, 1), ("burst", burst, 1), ("check_interval", check_interval, 0),
+                                 ("check_wait", check_wait, 0), ("garp_interval", garp_interval, 0.01),
+                                 ("rescan_interval", rescan_interval, 0.1)]:
+            if value < low:
+                raise ValueError(f"L2Announcer: {name} must be >= {low}, got {value!r}")
+        self.node_name = node_name
+        self.log = logger
+        self.check_probes = check_probes
+        self.check_interval = check_interval
+        self.check_wait = check_wait
+        self.garp_rounds = garp_rounds
+        self.garp_interval = garp_interval
+        self.rate = float(rate)
+        self.burst = burst
+        self.rescan_interval = rescan_interval
+        self.conflict_retry = conflict_retry
+        self.metrics = l2_metrics(registry)
+
+        self._lock = threading.RLock()
+        self._vips: dict[str, _Vip] = {}
+        self._checking: dict[bytes, _Vip] = {}
+        self._ifaces: dict[str, _Iface] = {}
+        self._eligible: list[str] = []
+        self._info: dict[str, Interface] = {}
+        self._heap: list[tuple[float, int, str, str, int, tuple]] = []
+        self._seq = 0
+        self._gen = 0
+        self._conflicts: dict[str, dict] = {}
+        self._counts: dict[str, Counter] = {"requests_received": Counter(), "responses_sent": Counter(),
+                                            "gratuitous_sent": Counter()}
+        self._sel: selectors.DefaultSelector | None = None
+        self._wake_r, self._wake_w = -1, -1
+        self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self._next_rescan = 0.0
+        self._rescan_now = False
+
+    # -- public API ----------------------------------------------------------------------
+    def start(self) -> None:
+        """Open sockets on the interfaces in use and start the event loop thread."""
+        with self._lock:
+            if self._thread is not None:
+                return
+            self._sel = selectors.DefaultSelector()
+            self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+            self._sel.register(self._wake_r, selectors.EVENT_READ, None)
+            self._stopping.clear()
+            self._rescan()
+            self._thread = threading.Thread(target=self._run, name=f"l2-{self.node_name}", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        """Stop answering and announcing; close every socket. Safe to call twice."""
+        thread = self._thread
+        if thread is None:
+            return
+        self._stopping.set()
+        self._wake()
+        thread.join(timeout=10)
+        with self._lock:
+            for name in list(self._ifaces):
+                self._close_iface(name)
+            if self._sel is not None:
+                self._sel.close()
+            for fd in (self._wake_r, self._wake_w):
+                if fd >= 0:
+                    os.close(fd)
+            self._wake_r = self._wake_w = -1
+            self._sel = None
+            self._thread = None
+
+    def set_announced(self, vips: dict[str, list[str]], skip_check: Iterable[str] = ()) -> None:
+        """Make ``vips`` (ip -> interfaces, [] = every eligible one) the announced set.
+
+        Addresses not in ``vips`` are withdrawn at once. New ones are checked for
+        conflicts first unless listed in ``skip_check`` (see the module docstring).
+        Raises ValueError naming the first invalid address or interface list.
+        """
+        wanted: dict[str, tuple[str, ...]] = {}
+        for ip, ifs in vips.items():
+            try:
+                addr = ipaddress.ip_address(ip)
+            except ValueError:
+                raise ValueError(f"set_announced: {ip!r} is not an IP address") from None
+            if isinstance(ifs, str) or not all(isinstance(i, str) and i for i in ifs):
+                raise ValueError(f"set_announced: interfaces of {ip} must be a list of names, got {ifs!r}")
+            wanted[str(addr)] = tuple(sorted(set(ifs)))
+        skip = set()
+        for ip in skip_check:
+            try:
+                skip.add(str(ipaddress.ip_address(ip)))
+            except ValueError:
+                raise ValueError(f"set_announced: skip_check entry {ip!r} is not an IP address") from None
+        with self._lock:
+            named = {n for ifs in wanted.values() for n in ifs}
+            if self._thread is not None and any(n not in self._ifaces for n in named):
+                self._rescan()  # an interface named for the first time (or just created)
+            for ip in [ip for ip in self._vips if ip not in wanted]:
+                self._withdraw(ip)
+            now = time.monotonic()
+            for ip, want_ifs in wanted.items():
+                vip = self._vips.get(ip)
+                if vip is None:
+                    self._gen += 1
+                    addr = ipaddress.ip_address(ip)
+                    vip = _Vip(ip, addr.packed, addr.version, want_ifs, self._gen)
+                    self._vips[ip] = vip
+                    vip.ifaces = set(self._resolve(vip))
+                    if ip in skip or self.check_probes == 0:
+                        self._announce(vip, now)
+                    else:
+                        self._begin_check(vip, now)
+                elif vip.wanted != want_ifs:
+                    vip.wanted = want_ifs
+                    self._apply_ifaces(vip, set(self._resolve(vip)), now)
+        self._wake()
+
+    def conflicts(self) -> list[dict]:
+        """Addresses not announced because another MAC answered for them: ip, mac, iface, at (ISO 8601)."""
+        with self._lock:
+            return [dict(c) for c in self._conflicts.values()]
+
+    def stats(self) -> dict:
+        """Interfaces, per-VIP state and the counters (also exported to Prometheus)."""
+        with self._lock:
+            return {
+                "interfaces": sorted(self._ifaces),
+                "vips": {ip: {"state": v.state, "interfaces": sorted(v.ifaces)} for ip, v in self._vips.items()},
+                "announced": {ip: sorted(v.ifaces) for ip, v in self._vips.items() if v.state == "announcing"},
+                "conflicts": len(self._conflicts),
+                "requests_received": dict(self._counts["requests_received"]),
+                "responses_sent": dict(self._counts["responses_sent"]),
+                "gratuitous_sent": dict(self._counts["gratuitous_sent"]),
+                "queued": {n: len(i.queue) for n, i in self._ifaces.items()},
+                "frames_sent": {n: dict(i.sent) for n, i in self._ifaces.items()},
+            }
+
+    # -- state changes (called with the lock held) ----------------------------------------
+    def _resolve(self, vip: _Vip) -> list[str]:
+        if not vip.wanted:
+            return list(self._eligible)
+        return [n for n in vip.wanted if n in self._info and self._info[n].up]
+
+    def _schedule(self, due: float, action: str, vip: _Vip, arg: tuple = ()) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (due, self._seq, action, vip.ip, vip.gen, arg))
+
+    def _begin_check(self, vip: _Vip, now: float) -> None:
+        vip.state = "checking"
+        vip.conflict = None
+        self._checking[vip.packed] = vip
+        self._schedule(now, "probe", vip, (0,))
+
+    def _announce(self, vip: _Vip, now: float) -> None:
+        vip.state = "announcing"
+        self._checking.pop(vip.packed, None)
+        if self._conflicts.pop(vip.ip, None) is not None:
+            self.log.info("ipConflictCleared", extra={"event": "ipConflictCleared", "ip": vip.ip})
+        for name in vip.ifaces:
+            self._start_answering(vip, name)
+        self._schedule(now, "garp", vip, (0, tuple(sorted(vip.ifaces))))
+
+    def _start_answering(self, vip: _Vip, name: str) -> None:
+        iface = self._ifaces.get(name)
+        if iface is None:
+            return
+        if vip.version == 6:
+            self._join(iface, ndp.solicited_node(vip.packed))
+        iface.answer.add(vip.packed)
+
+    def _stop_answering(self, vip: _Vip, name: str) -> None:
+        iface = self._ifaces.get(name)
+        if iface is None:
+            return
+        iface.answer.discard(vip.packed)
+        if vip.version == 6:
+            self._leave(iface, ndp.solicited_node(vip.packed))
+
+    def _apply_ifaces(self, vip: _Vip, new: set[str], now: float) -> None:
+        old = vip.ifaces
+        vip.ifaces = new
+        if vip.state != "announcing":
+            return
+        for name in old - new:
+            self._stop_answering(vip, name)
+        added = new - old
+        for name in added:
+            self._start_answering(vip, name)
+        if added:
+            self._schedule(now, "garp", vip, (0, tuple(sorted(added))))
+
+    def _withdraw(self, ip: str) -> None:
+        vip = self._vips.pop(ip)
+        self._checking.pop(vip.packed, None)
+        if vip.state == "announcing":
+            for name in vip.ifaces:
+                self._stop_answering(vip, name)
+        self._conflicts.pop(ip, None)
+
+    def _current(self, ip: str, gen: int) -> _Vip | None:
+        vip = self._vips.get(ip)
+        return vip if vip is not None and vip.gen == gen else None
+
+    # -- multicast groups --------------------------------------------------------------
+    # Solicited-node groups are joined with IPV6_JOIN_GROUP, so the kernel also sends MLD
+    # reports and MLD-snooping switches forward NS to this port. Each join or leave makes the
+    # kernel send MLD reports, so the memberships follow the wanted counts through the same
+    # paced queue as the gratuitous frames (one token per join/leave): a takeover of thousands
+    # of IPv6 VIPs does not burst MLD either. A socket holds a limited number of groups
+    # (optmem_max), so more sockets are opened as needed; where IPv6 is disabled on the
+    # interface, PACKET_MR_MULTICAST on the raw socket stands in (no MLD then).
+    def _join(self, iface: _Iface, group: bytes) -> None:
+        iface.groups[group] += 1
+        if iface.groups[group] == 1:
+            iface.queue.append(("", 0, group, "mcast"))
+
+    def _leave(self, iface: _Iface, group: bytes) -> None:
+        if iface.groups[group] <= 0:
+            return
+        iface.groups[group] -= 1
+        if iface.groups[group] == 0:
+            del iface.groups[group]
+            iface.queue.append(("", 0, group, "mcast"))
+
+    def _reconcile_group(self, iface: _Iface, group: bytes) -> bool:
+        """Make the kernel membership of ``group`` match the wanted count; True if it changed."""
+        wanted, joined = iface.groups.get(group, 0) > 0, group in iface.holder
+        if wanted == joined:
+            return False
+        mreq = group + struct.pack("@I", iface.index)
+        if not wanted:
+            holder = iface.holder.pop(group)
+            try:
+                if holder is not None:
+                    holder.setsockopt(socket.IPPROTO_IPV6, IPV6_LEAVE_GROUP, mreq)
+                else:
+                    set_link_multicast(iface.sock, iface.index, ndp.multicast_mac(group), False)
+            except OSError:
+                pass
+            return True
+        for attempt in range(2):
+            if not iface.mcast or attempt:
+                try:
+                    iface.mcast.append(socket.socket(socket.AF_INET6, socket.SOCK_DGRAM))
+                except OSError:
+                    break
+            try:
+                iface.mcast[-1].setsockopt(socket.IPPROTO_IPV6, IPV6_JOIN_GROUP, mreq)
+                iface.holder[group] = iface.mcast[-1]
+                return True
+            except OSError as exc:
+                if exc.errno not in (errno.ENOBUFS, errno.ENOMEM):
+                    break
+        try:
+            set_link_multicast(iface.sock, iface.index, ndp.multicast_mac(group), True)
+            iface.holder[group] = None
+        except OSError as exc:
+            self.log.warning("multicastJoinFailed", extra={"event": "multicastJoinFailed", "iface": iface.name,
+                                                           "error": str(exc)})
+        return True
+
+    # -- interfaces --------------------------------------------------------------------
+    def _rescan(self) -> None:
+        """Re-read interfaces; open/close sockets; re-resolve every VIP's interfaces."""
+        try:
+            info = interfaces(with_addresses=False)
+        except Exception as exc:  # noqa: BLE001 - netlink hiccup: keep the current view
+            self.log.warning("interfaceScanFailed", extra={"event": "interfaceScanFailed", "error": str(exc)})
+            return
+        self._info = info
+        self._eligible = sorted(n for n, i in info.items() if i.up and not EXCLUDED.match(n))
+        needed = set(self._eligible)
+        for vip in self._vips.values():
+            needed.update(n for n in vip.wanted if n in info and info[n].up)
+        for name in list(self._ifaces):
+            cur = self._ifaces[name]
+            i = info.get(name)
+            if name not in needed or i is None or i.index != cur.index or arp.mac_bytes(i.mac) != cur.mac:
+                self._close_iface(name)
+        for name in sorted(needed - set(self._ifaces)):
+            self._open_iface(info[name])
+        now = time.monotonic()
+        for vip in self._vips.values():
+            self._apply_ifaces(vip, set(self._resolve(vip)), now)
+            if vip.state == "announcing":  # re-add answers on re-opened interfaces
+                for name in vip.ifaces:
+                    if name in self._ifaces and vip.packed not in self._ifaces[name].answer:
+                        self._start_answering(vip, name)
+        self._next_rescan = time.monotonic() + self.rescan_interval
+
+    def _open_iface(self, info: Interface) -> None:
+        try:
+            sock = open_packet_socket(info.name)
+        except OSError as exc:
+            self.log.warning("interfaceOpenFailed",
+                             extra={"event": "interfaceOpenFailed", "iface": info.name, "error": str(exc)})
+            return
+        iface = _Iface(info.name, info.index, arp.mac_bytes(info.mac), sock,
+                       tokens=float(self.burst), refilled=time.monotonic())
+        self._ifaces[info.name] = iface
+        if self._sel is not None:
+            self._sel.register(sock, selectors.EVENT_READ, iface)
+        self.log.info("interfaceAdded", extra={"event": "interfaceAdded", "iface": info.name})
+
+    def _close_iface(self, name: str) -> None:
+        iface = self._ifaces.pop(name)
+        if self._sel is not None:
+            try:
+                self._sel.unregister(iface.sock)
+            except (KeyError, ValueError):
+                pass
+        iface.answer.clear()
+        now = time.monotonic()
+        for ip, gen, _frame, kind in iface.queue:  # probes that will never leave: do not stall the check
+            if kind == "mcast":
+                continue
+            vip = self._current(ip, gen)
+            if kind == "probe" and vip is not None and vip.state == "checking":
+                vip.probes_pending -= 1
+                if vip.probes_pending <= 0:
+                    self._probe_sent(vip, now)
+        iface.queue.clear()
+        iface.sock.close()
+        for m in iface.mcast:
+            m.close()  # leaves its groups
+        self.log.info("interfaceRemoved", extra={"event": "interfaceRemoved", "iface": name})
+
+    # -- event loop --------------------------------------------------------------------
+    def _wake(self) -> None:
+        if self._wake_w >= 0:
+            try:
+                os.write(self._wake_w, b"x")
+            except (BlockingIOError, OSError):
+                pass
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                self._loop_once()
+            except Exception:  # noqa: BLE001 - the responder must survive anything a frame does
+                self.log.exception("l2LoopError", extra={"event": "l2LoopError"})
+                time.sleep(0.05)
+
+    def _loop_once(self) -> None:
+        now = time.monotonic()
+        timeout = max(0.0, min(self._next_rescan - now, 1.0))
+        with self._lock:
+            if self._heap:
+                timeout = min(timeout, max(0.0, self._heap[0][0] - now))
+            for iface in self._ifaces.values():
+                if iface.queue:
+                    timeout = min(timeout, max(0.0, (1.0 - iface.tokens) / self.rate))
+            sel = self._sel
+        if sel is None:
+            return
+        events = sel.select(timeout)
+        with self._lock:
+            for key, _ in events:
+                if key.data is None:
+                    try:
+                        while os.read(self._wake_r, 4096):
+                            pass
+                    except BlockingIOError:
+                        pass
+                elif key.data.name in self._ifaces and self._ifaces[key.data.name] is key.data:
+                    self._receive(key.data)
+            self._run_timers()
+            self._transmit()
+            if self._rescan_now or time.monotonic() >= self._next_rescan:
+                self._rescan_now = False
+                self._rescan()
+
+    def _receive(self, iface: _Iface) -> None:
+        for _ in range(256):
+            try:
+                data = iface.sock.recv(65535)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # interface went away: rescan soon
+                self.log.warning("receiveFailed", extra={"event": "receiveFailed", "iface": iface.name,
+                                                         "error": str(exc)})
+                self._rescan_now = True
+                return
+            if data[12:14] == b"\x08\x06":
+                self._on_arp(iface, data)
+            else:
+                self._on_nd(iface, data)
+
+    def _send(self, iface: _Iface, frame: bytes) -> bool:
+        try:
+            iface.sock.send(frame)
+            return True
+        except OSError as exc:
+            self.log.warning("sendFailed", extra={"event": "sendFailed", "iface": iface.name, "error": str(exc)})
+            self._rescan_now = True
+            return False
+
+    def _on_arp(self, iface: _Iface, data: bytes) -> None:
+        pkt = arp.parse(data)
+        if pkt is None or pkt.sha == iface.mac or pkt.eth_src == iface.mac:
+            return
+        if pkt.op == arp.OP_REQUEST and pkt.tpa in iface.answer and pkt.spa != pkt.tpa:
+            ip = pkt.target_ip
+            self._counts["requests_received"][ip] += 1
+            self.metrics.requests_received.labels(ip).inc()
+            if self._send(iface, arp.reply_to(pkt, iface.mac)):
+                self._counts["responses_sent"][ip] += 1
+                self.metrics.responses_sent.labels(ip).inc()
+            return
+        # Another MAC using an address we are checking as its sender address (RFC 5227 2.1.1):
+        # an answer to our probe, an announcement, or its own requests.
+        vip = self._checking.get(pkt.spa)
+        if vip is not None:
+            self._saw_conflict(vip, pkt.sha, iface.name)
+
+    def _on_nd(self, iface: _Iface, data: bytes) -> None:
+        pkt = ndp.parse(data)
+        if pkt is None or pkt.eth_src == iface.mac:
+            return
+        if pkt.type == ndp.NS:
+            if pkt.target in iface.answer:
+                if pkt.src == ndp.UNSPECIFIED and pkt.dst != ndp.solicited_node(pkt.target):
+                    return  # RFC 4861 7.1.1: DAD NS must go to the solicited-node group
+                ip = pkt.target_ip
+                self._counts["requests_received"][ip] += 1
+                self.metrics.requests_received.labels(ip).inc()
+                if self._send(iface, ndp.reply_to(pkt, iface.mac)):
+                    self._counts["responses_sent"][ip] += 1
+                    self.metrics.responses_sent.labels(ip).inc()
+            return
+        vip = self._checking.get(pkt.target)
+        if vip is not None:
+            self._saw_conflict(vip, pkt.lladdr or pkt.eth_src, iface.name)
+
+    def _saw_conflict(self, vip: _Vip, mac: bytes, iface: str) -> None:
+        if any(mac == i.mac for i in self._ifaces.values()):
+            return
+        with self._lock:
+            if vip.state == "checking" and vip.conflict is None:
+                vip.conflict = {"ip": vip.ip, "mac": arp.mac_str(mac), "iface": iface,
+                                "at": datetime.now(UTC).isoformat(timespec="milliseconds")}
+
+    def _run_timers(self) -> None:
+        now = time.monotonic()
+        while self._heap and self._heap[0][0] <= now:
+            _, _, action, ip, gen, arg = heapq.heappop(self._heap)
+            vip = self._current(ip, gen)
+            if vip is None:
+                continue
+            if action == "probe" and vip.state == "checking":
+                n = arg[0]
+                vip.probe_no = n
+                vip.probes_pending = 0
+                for name in sorted(vip.ifaces):
+                    iface = self._ifaces.get(name)
+                    if iface is None:
+                        continue
+                    frame = (arp.probe(iface.mac, vip.packed) if vip.version == 4
+                             else ndp.solicitation(iface.mac, vip.packed))
+                    iface.queue.append((ip, gen, frame, "probe"))
+                    vip.probes_pending += 1
+                if vip.probes_pending == 0:
+                    self._probe_sent(vip, now)
+            elif action == "decide" and vip.state == "checking":
+                if vip.conflict is None:
+                    self._announce(vip, now)
+                else:
+                    self._on_conflict(vip, now)
+            elif action == "recheck" and vip.state == "conflict":
+                self._begin_check(vip, now)
+            elif action == "garp" and vip.state == "announcing":
+                rnd, names = arg
+                for name in names:
+                    iface = self._ifaces.get(name)
+                    if iface is None or name not in vip.ifaces:
+                        continue
+                    if vip.version == 4:
+                        for frame in arp.gratuitous(iface.mac, vip.packed):
+                            iface.queue.append((ip, gen, frame, "gratuitous"))
+                    else:
+                        iface.queue.append((ip, gen, ndp.unsolicited_na(iface.mac, vip.packed), "gratuitous"))
+                if rnd + 1 < self.garp_rounds:
+                    self._schedule(now + self.garp_interval, "garp", vip, (rnd + 1, names))
+
+    def _probe_sent(self, vip: _Vip, now: float) -> None:
+        """All frames of probe ``vip.probe_no`` left (pacing may delay them): time the next step from now."""
+        if vip.probe_no + 1 < self.check_probes:
+            self._schedule(now + self.check_interval, "probe", vip, (vip.probe_no + 1,))
+        else:
+            self._schedule(now + self.check_wait, "decide", vip)
+
+    def _on_conflict(self, vip: _Vip, now: float) -> None:
+        vip.state = "conflict"
+        self._checking.pop(vip.packed, None)
+        first = vip.ip not in self._conflicts
+        self._conflicts[vip.ip] = dict(vip.conflict or {})
+        self.metrics.conflicts.labels(vip.ip).inc()
+        if first:
+            self.log.warning("ipConflict", extra={"event": "ipConflict", **(vip.conflict or {})})
+        if self.conflict_retry > 0:
+            self._schedule(now + self.conflict_retry, "recheck", vip)
+
+    def _transmit(self) -> None:
+        now = time.monotonic()
+        for iface in self._ifaces.values():
+            iface.tokens = min(float(self.burst), iface.tokens + (now - iface.refilled) * self.rate)
+            iface.refilled = now
+            budget = 512  # frames per loop pass, so receiving is never starved
+            while iface.queue and iface.tokens >= 1.0 and budget > 0:
+                ip, gen, frame, kind = iface.queue.popleft()
+                if kind == "mcast":
+                    if self._reconcile_group(iface, frame):
+                        budget -= 1
+                        iface.tokens -= 1.0
+                        iface.sent["mcast"] += 1
+                    continue
+                vip = self._current(ip, gen)
+                if vip is None or vip.state != ("announcing" if kind == "gratuitous" else "checking"):
+                    continue  # withdrawn (or check abandoned) meanwhile: drop without spending a token
+                budget -= 1
+                iface.tokens -= 1.0
+                ok = self._send(iface, frame)
+                if kind == "probe":
+                    vip.probes_pending -= 1
+                    if vip.probes_pending <= 0:
+                        self._probe_sent(vip, time.monotonic())
+                if ok:
+                    iface.sent[kind] += 1
+                    if kind == "gratuitous":
+                        self._counts["gratuitous_sent"][ip] += 1
+                        self.metrics.gratuitous_sent.labels(ip).inc()

@@ -1,0 +1,171 @@
+"""Delivery of VIP traffic: every VIP a node may serve sits on ``lo``; the kernel must never answer for it.
+
+This is the LVS-DR real-server recipe. With ``arp_ignore=1`` the kernel answers ARP only
+for addresses configured on the interface the request came in on, and with
+``arp_announce=2`` it never uses a VIP as the sender address of its own ARP requests; so
+a /32 on ``lo`` is accepted as a local destination but stays invisible to ARP, and only
+the elected speaker answers for it, from userspace. (With ``arp_ignore=0``, every node
+holding the VIP answers: the double-owner bug.)
+
+IPv6 needs no switch: Linux answers a Neighbor Solicitation only for an address on the
+interface it arrived on (unless proxy_ndp has an entry for it), so a /128 on ``lo`` gets
+no NA from the kernel. Failover moves no address: every candidate holds all of them.
+
+Addresses this module adds are recorded in a state file (and IPv4 ones carry the label
+``lo:nocloudlb``), so ``sync_lo_vips`` only ever removes addresses it added itself.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from pyroute2 import IPRoute
+from pyroute2.netlink.exceptions import NetlinkError
+
+SYSCTLS = {
+    "net.ipv4.conf.all.arp_ignore": "1",
+    "net.ipv4.conf.all.arp_announce": "2",
+}
+LABEL = "lo:nocloudlb"
+DEFAULT_STATE_FILE = "/run/nocloudlb/lo-vips.json"
+IFA_F_NODAD = 0x02
+
+
+def _sysctl_path(key: str, root: str = "/proc/sys") -> Path:
+    return Path(root, *key.split("."))
+
+
+def prepare_host(sysctls: dict[str, str] | None = None, root: str = "/proc/sys") -> dict[str, dict[str, str]]:
+    """Set ``arp_ignore=1`` / ``arp_announce=2`` for all interfaces (the kernel uses the maximum of
+    ``all`` and the interface's own value, so ``all`` covers every interface).
+
+    Returns ``{key: {"old": ..., "new": ...}}`` for what changed. A value that is already
+    right is left alone, so an unprivileged daemon works when the role set the sysctls; if
+    a wrong value cannot be written, raises PermissionError naming the sysctl and values.
+    """
+    changed: dict[str, dict[str, str]] = {}
+    for key, want in (sysctls or SYSCTLS).items():
+        path = _sysctl_path(key, root)
+        old = path.read_text().strip()
+        if old == want:
+            continue
+        try:
+            path.write_text(want + "\n")
+        except PermissionError:
+            raise PermissionError(
+                f"cannot set sysctl {key}={want} (currently {old}): run with privileges that may write "
+                f"{path} or set it beforehand (the speaker role does)"
+            ) from None
+        changed[key] = {"old": old, "new": want}
+    return changed
+
+
+def check_host(root: str = "/proc/sys") -> list[str]:
+    """Problems that would let the kernel answer ARP for VIPs on lo (empty list: all good)."""
+    problems = []
+    for key, want in SYSCTLS.items():
+        have = _sysctl_path(key, root).read_text().strip()
+        if int(have) < int(want):
+            problems.append(f"sysctl {key} is {have}, must be {want}")
+    return problems
+
+
+def _sort_key(ip: str) -> tuple[int, int]:
+    addr = ipaddress.ip_address(ip)
+    return (addr.version, int(addr))
+
+
+def _normalize(ips) -> set[str]:
+    out = set()
+    for ip in ips:
+        try:
+            out.add(str(ipaddress.ip_address(ip)))
+        except ValueError:
+            raise ValueError(f"sync_lo_vips: {ip!r} is not an IP address") from None
+    return out
+
+
+def _read_state(path: Path) -> set[str]:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return set()
+    except ValueError:
+        return set()  # unreadable record: only IPv4 labels identify our addresses then
+    return {str(ipaddress.ip_address(ip)) for ip in data.get("managed", [])}
+
+
+def _write_state(path: Path, managed: set[str]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".lo-vips.")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump({"managed": sorted(managed, key=_sort_key)}, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def lo_addresses() -> dict[str, str]:
+    """Addresses on lo (host-scope 127/8 and ::1 included) -> IPv4 label or ''."""
+    with IPRoute() as ipr:
+        idx = ipr.link_lookup(ifname="lo")[0]
+        return {str(ipaddress.ip_address(a.get("IFA_ADDRESS"))): a.get("IFA_LABEL") or ""
+                for a in ipr.get_addr(index=idx)}
+
+
+def sync_lo_vips(ips, state_file: str | os.PathLike = DEFAULT_STATE_FILE) -> dict[str, list[str]]:
+    """Make the VIPs on lo exactly ``ips`` among the addresses this module manages.
+
+    Adds each missing one as /32 (label ``lo:nocloudlb``) or /128 (nodad); removes the
+    managed ones no longer wanted; never touches an address it did not add (an address
+    the operator already had on lo is used as is and left in place).
+    Returns ``{"added": [...], "removed": [...]}``.
+    """
+    want = _normalize(ips)
+    path = Path(state_file)
+    managed = _read_state(path)
+    added: list[str] = []
+    removed: list[str] = []
+    with IPRoute() as ipr:
+        idx = ipr.link_lookup(ifname="lo")[0]
+        present = {str(ipaddress.ip_address(a.get("IFA_ADDRESS"))): a.get("IFA_LABEL") or ""
+                   for a in ipr.get_addr(index=idx)}
+        managed |= {ip for ip, label in present.items() if label == LABEL}
+        managed &= set(present) | want  # forget records of addresses someone else removed
+        for ip in sorted(want, key=_sort_key):
+            if ip in present:
+                continue
+            addr = ipaddress.ip_address(ip)
+            try:
+                if addr.version == 4:
+                    ipr.addr("add", index=idx, address=ip, prefixlen=32, label=LABEL)
+                else:
+                    ipr.addr("add", index=idx, address=ip, prefixlen=128, IFA_FLAGS=IFA_F_NODAD)
+            except NetlinkError as exc:
+                if exc.code != 17:  # EEXIST: raced with another writer, fine
+                    raise
+            managed.add(ip)
+            added.append(ip)
+        for ip in sorted(managed - want, key=_sort_key):
+            if ip in present:
+                addr = ipaddress.ip_address(ip)
+                try:
+                    ipr.addr("del", index=idx, address=ip, prefixlen=32 if addr.version == 4 else 128)
+                except NetlinkError as exc:
+                    if exc.code != 99 and exc.code != 2:  # EADDRNOTAVAIL / ENOENT: already gone
+                        raise
+                removed.append(ip)
+            managed.discard(ip)
+    _write_state(path, managed)
+    return {"added": added, "removed": removed}

@@ -1,0 +1,39 @@
+"""Prometheus counters of the layer-2 responders, named after MetalLB's (metallb_layer2_*).
+
+prometheus_client exposes counters with a ``_total`` suffix, so the scraped series are
+e.g. ``nocloudlb_layer2_requests_received_total{ip="..."}``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter
+
+
+@dataclass
+class L2Metrics:
+    requests_received: Counter
+    responses_sent: Counter
+    gratuitous_sent: Counter
+    conflicts: Counter
+
+
+_by_registry: dict[int, L2Metrics] = {}
+
+
+def l2_metrics(registry: CollectorRegistry | None = REGISTRY) -> L2Metrics:
+    """The layer-2 counters registered once in ``registry`` (None: unregistered, for tests)."""
+    key = id(registry)
+    if key not in _by_registry:
+        _by_registry[key] = L2Metrics(
+            Counter("nocloudlb_layer2_requests_received", "Number of layer2 requests received for owned IPs",
+                    ["ip"], registry=registry),
+            Counter("nocloudlb_layer2_responses_sent", "Number of layer2 responses sent for owned IPs",
+                    ["ip"], registry=registry),
+            Counter("nocloudlb_layer2_gratuitous_sent", "Number of gratuitous layer2 packets sent for owned IPs",
+                    ["ip"], registry=registry),
+            Counter("nocloudlb_layer2_conflicts", "Number of address conflicts found before announcing an IP",
+                    ["ip"], registry=registry),
+        )
+    return _by_registry[key]

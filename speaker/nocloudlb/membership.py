@@ -1,0 +1,403 @@
+"""Cluster membership: the one module that wraps kinship (SWIM + Lifeguard).
+
+Timing profiles, key handling, joining, events and metadata live here so the daemon and
+the tests see one small surface:
+
+    m = Membership(MembershipSettings(...), on_change=callback, logger=log)
+    m.start(meta)            # bind, join (with diagnosis of a wrong key), event thread
+    m.members()              # [MemberView], this node included, tombstones of known peers too
+    m.set_meta(meta)         # re-gossip labels/health at once
+    m.set_keys(keys)         # rotation: install all, use the first, remove the rest
+    m.leave()                # graceful leave: peers fail over at once, without waiting
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import kinship
+from kinship.blocking import Cluster
+
+from .logs import event
+
+#: Timing profiles. ``lan`` (default): a crash is declared dead in ~1.5-2.5 s, well under
+#: keepalived's ~3.5 s, with 250 ms probe timeouts, indirect probes through the other members
+#: and Lifeguard's suspicion (a suspect node hears the rumour and refutes it) so a busy LAN does
+#: not cause false failovers. ``fast``: sub-second (~0.6-0.95 s), for quiet, dedicated links.
+PROFILES: dict[str, dict[str, float | int]] = {
+    "lan": {"probe_interval": 0.5, "probe_timeout": 0.25, "suspicion_mult": 2, "gossip_interval": 0.2},
+    "fast": {"probe_interval": 0.2, "probe_timeout": 0.1, "suspicion_mult": 2, "gossip_interval": 0.1},
+}
+
+#: Config keys (camelCase, as in the speaker's YAML) that override kinship's fields.
+OVERRIDABLE: dict[str, str] = {
+    "probeInterval": "probe_interval",
+    "probeTimeout": "probe_timeout",
+    "suspicionMult": "suspicion_mult",
+    "suspicionMaxMult": "suspicion_max_mult",
+    "indirectChecks": "indirect_checks",
+    "gossipInterval": "gossip_interval",
+    "gossipNodes": "gossip_nodes",
+    "gossipToTheDead": "gossip_to_the_dead",
+    "retransmitMult": "retransmit_mult",
+    "pushPullInterval": "push_pull_interval",
+    "reconnectInterval": "reconnect_interval",
+    "rejoinInterval": "rejoin_interval",
+    "awarenessMax": "awareness_max",
+    "deadReclaim": "dead_reclaim",
+    "tcpTimeout": "tcp_timeout",
+    "tcpFallbackPing": "tcp_fallback_ping",
+    "expectedConfirmations": "expected_confirmations",
+    "cluster": "cluster",
+    "advertise": "advertise",
+}
+
+CLUSTER_LABEL = "nocloudlb"
+
+
+class KeyFileError(ValueError):
+    pass
+
+
+def read_key_file(path: str | Path) -> list[str]:
+    """Keys from ``path``: one base64 32-byte key per line, '#' comments and blank lines skipped.
+
+    The first key encrypts; every key decrypts (kinship's keyring). Rotation: write
+    "old\\nnew" on every node and reload, then "new\\nold", then "new".
+    """
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise KeyFileError(f"memberlist.keyFile: cannot read {path}: {exc.strerror or exc}") from exc
+    keys: list[str] = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        try:
+            raw = base64.b64decode(line, validate=True)
+        except (binascii.Error, ValueError):
+            raise KeyFileError(f"memberlist.keyFile: {path} line {lineno}: not base64 text") from None
+        if len(raw) != 32:
+            raise KeyFileError(
+                f"memberlist.keyFile: {path} line {lineno}: a key is 32 bytes (base64), got {len(raw)} bytes")
+        if line not in keys:
+            keys.append(line)
+    if not keys:
+        raise KeyFileError(f"memberlist.keyFile: {path} holds no key")
+    return keys
+
+
+def generate_key() -> str:
+    return kinship._kinship.generate_key()
+
+
+@dataclass
+class MembershipSettings:
+    name: str
+    bind: str
+    join: list[str] = field(default_factory=list)
+    keys: list[str] | None = None  # None: unencrypted (warned)
+    profile: str = "lan"
+    overrides: dict[str, Any] = field(default_factory=dict)  # kinship field name -> value
+
+    def kinship_config(self, meta: Mapping[str, str] | None = None) -> kinship.Config:
+        if self.profile not in PROFILES:
+            raise ValueError(f"memberlist.profile: {self.profile!r} is not one of {sorted(PROFILES)}")
+        fields: dict[str, Any] = dict(PROFILES[self.profile])
+        fields.update(self.overrides)
+        fields.setdefault("cluster", CLUSTER_LABEL)
+        # kinship wants gossip_interval <= probe_interval
+        if "gossip_interval" not in self.overrides:
+            fields["gossip_interval"] = min(float(fields["gossip_interval"]), float(fields["probe_interval"]))
+        if self.keys:
+            fields["keys"] = list(self.keys)
+        else:
+            fields["insecure_plaintext"] = True
+        return kinship.Config.lan(name=self.name, bind=self.bind, seeds=self.seeds(), meta=dict(meta or {}),
+                                  **fields)
+
+    def seeds(self) -> list[str]:
+        return [s for s in self.join if _norm(s) != _norm(self.bind)]
+
+    def timing(self) -> dict[str, Any]:
+        fields: dict[str, Any] = dict(PROFILES.get(self.profile, {}))
+        fields.update(self.overrides)
+        return fields
+
+
+def _norm(addr: str) -> str:
+    return addr.strip().lower()
+
+
+def _split(addr: str) -> tuple[str, int]:
+    host, dummy, port = addr.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+@dataclass(frozen=True)
+class MemberView:
+    name: str
+    addr: str
+    state: str  # alive | suspect | dead | left
+    meta: Mapping[str, str]
+    epoch: int = 0
+
+
+_EVENT_NAMES = {
+    kinship.MemberJoined: ("nodeJoined", logging.INFO),
+    kinship.MemberSuspect: ("nodeSuspect", logging.WARNING),
+    kinship.MemberRecovered: ("nodeRecovered", logging.INFO),
+    kinship.MemberDead: ("nodeFailed", logging.WARNING),
+    kinship.MemberLeft: ("nodeLeft", logging.INFO),
+    kinship.MemberUpdated: ("nodeUpdated", logging.DEBUG),
+}
+
+
+class Membership:
+    def __init__(self, settings: MembershipSettings, on_change: Callable[[], None],
+                 logger: logging.Logger | None = None) -> None:
+        self.settings = settings
+        self.on_change = on_change
+        self.log = logger or logging.getLogger("nocloudlb.membership")
+        self.cluster: Cluster | None = None
+        self._known: set[str] = set()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._join_thread: threading.Thread | None = None
+        self._keys: list[str] = list(settings.keys or [])
+        self.join_state = "starting"  # starting | joined | alone | joinFailed
+        self.join_error = ""
+        self.join_refused = False  # seeds reachable but our gossip refused (wrong key / cluster label)
+        self.first_join_done = threading.Event()
+        self._decrypt_seen = 0
+        self._lock = threading.Lock()
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def start(self, meta: Mapping[str, str]) -> None:
+        if not self.settings.keys:
+            event(self.log, "memberlistUnencrypted", "gossip runs without encryption: set memberlist.keyFile",
+                  logging.WARNING)
+        cfg = self.settings.kinship_config(meta)
+        self.cluster = Cluster(cfg).start()
+        event(self.log, "memberlistStarted", node=self.settings.name, bind=self.cluster.local.addr,
+              profile=self.settings.profile, timing=self.settings.timing(),
+              keyIds=self.key_ids())
+        self._thread = threading.Thread(target=self._events, name="membership-events", daemon=True)
+        self._thread.start()
+        self._join_thread = threading.Thread(target=self._join_loop, name="membership-join", daemon=True)
+        self._join_thread.start()
+
+    def leave(self, timeout: float = 2.0) -> None:
+        """Graceful leave then close: peers see ``left`` at once and take over."""
+        self._stop.set()
+        cl = self.cluster
+        if cl is None:
+            return
+        try:
+            cl.close(timeout=timeout)
+        except kinship.KinshipClosed:
+            pass
+        event(self.log, "memberlistLeft", node=self.settings.name)
+
+    close = leave
+
+    # -- joining ---------------------------------------------------------------------------
+    def _join_loop(self) -> None:
+        seeds = self.settings.seeds()
+        delay = 1.0
+        while not self._stop.is_set():
+            assert self.cluster is not None
+            if not seeds:
+                self.join_state = "alone"
+                self.first_join_done.set()
+                return
+            if len(self.cluster.members()) > 1:
+                self._joined()
+                return
+            try:
+                self.cluster.join(seeds, timeout=max(2.0, float(self.settings.timing().get("probe_interval", 1)) * 4))
+                if len(self.cluster.members()) > 1 or self._stop.is_set():
+                    self._joined()
+                    return
+            except kinship.JoinError as exc:
+                self._join_failed(seeds, str(exc))
+            except (TimeoutError, kinship.KinshipClosed):
+                if self._stop.is_set():
+                    return
+                self._join_failed(seeds, "join timed out")
+            self.first_join_done.set()
+            if self._stop.wait(delay):
+                return
+            delay = min(delay * 2, 10.0)
+
+    def _joined(self) -> None:
+        was = self.join_state
+        self.join_state, self.join_error, self.join_refused = "joined", "", False
+        self.first_join_done.set()
+        if was != "joined":
+            assert self.cluster is not None
+            event(self.log, "memberlistJoined", members=sorted(m.name for m in self.cluster.members()))
+        self.on_change()
+
+    def _join_failed(self, seeds: list[str], error: str) -> None:
+        reachable = [s for s in seeds if _tcp_reachable(s)]
+        if reachable:
+            reason = (f"seeds {', '.join(reachable)} accept connections but refused our gossip: the gossip key "
+                      "(memberlist.keyFile) or the cluster label most likely differs from the cluster's")
+        else:
+            reason = f"no seed reachable ({', '.join(seeds)}): {error}; starting alone and retrying"
+        changed = reason != self.join_error
+        self.join_state, self.join_error, self.join_refused = "joinFailed", reason, bool(reachable)
+        if changed:
+            event(self.log, "memberlistJoinFailed", reason, logging.ERROR, seeds=seeds, reachable=reachable)
+            self.on_change()
+
+    # -- events ----------------------------------------------------------------------------
+    def _events(self) -> None:
+        assert self.cluster is not None
+        last_check = 0.0
+        try:
+            for ev in self.cluster.events(timeout=0.5):
+                if self._stop.is_set():
+                    return
+                if ev is not None:
+                    self._handle(ev)
+                now = time.monotonic()
+                if now - last_check > 5.0:
+                    last_check = now
+                    self._check_decrypt()
+        except kinship.KinshipClosed:
+            if not self._stop.is_set():
+                event(self.log, "memberlistClosed", "membership stopped on an internal error", logging.ERROR)
+        except Exception:  # keep the daemon informed, never die silently
+            self.log.exception("membership event thread failed")
+
+    def _handle(self, ev: Any) -> None:
+        if isinstance(ev, kinship.EventsLost):
+            event(self.log, "memberlistEventsLost", count=ev.count, level=logging.WARNING)
+            self.on_change()
+            return
+        if isinstance(ev, kinship.UserMessage):
+            return
+        member = getattr(ev, "member", None)
+        if isinstance(ev, kinship.NameConflict):
+            event(self.log, "nodeNameConflict", "two nodes claim the same name", logging.ERROR,
+                  node=member.name if member else None, otherAddr=ev.other_addr)
+            return
+        if member is None:
+            return
+        with self._lock:
+            self._known.add(member.name)
+        name, level = _EVENT_NAMES.get(type(ev), ("nodeEvent", logging.DEBUG))
+        event(self.log, name, level=level, node=member.name, addr=member.addr)
+        if isinstance(ev, kinship.MemberJoined) and self.join_state != "joined":
+            self._joined()
+        self.on_change()
+
+    def _check_decrypt(self) -> None:
+        try:
+            failures = self.stats().get("decrypt_failures", 0)
+        except kinship.KinshipClosed:
+            return
+        if failures > self._decrypt_seen:
+            event(self.log, "memberlistDecryptFailures",
+                  "gossip packets that our keys cannot decrypt: a node with another gossip key "
+                  "(memberlist.keyFile) is trying to reach this cluster", logging.WARNING,
+                  count=failures - self._decrypt_seen, total=failures)
+            self._decrypt_seen = failures
+
+    # -- reads -----------------------------------------------------------------------------
+    def members(self) -> list[MemberView]:
+        cl = self.cluster
+        if cl is None:
+            return []
+        out: dict[str, MemberView] = {}
+        try:
+            for m in cl.members():
+                out[m.name] = _view(m)
+            with self._lock:
+                known = set(self._known)
+            for name in known - set(out):
+                tomb = cl.member(name)
+                if tomb is not None:
+                    out[name] = _view(tomb)
+        except kinship.KinshipClosed:
+            pass
+        return sorted(out.values(), key=lambda v: v.name)
+
+    def stats(self) -> dict[str, int]:
+        if self.cluster is None:
+            return {}
+        return _stats_dict(self.cluster.stats())
+
+    @property
+    def keys(self) -> list[str]:
+        """The keys in the keyring now, the one in use first (never logged)."""
+        return list(self._keys)
+
+    def key_ids(self) -> list[str]:
+        if self.cluster is None or not self._keys:
+            return []
+        try:
+            return self.cluster.keyring.key_ids()
+        except (kinship.KinshipError, RuntimeError):
+            return []
+
+    # -- writes ----------------------------------------------------------------------------
+    def set_meta(self, meta: Mapping[str, str]) -> None:
+        if self.cluster is None:
+            return
+        self.cluster.set_meta(dict(meta), timeout=2.0)
+
+    def set_keys(self, keys: list[str]) -> list[str]:
+        """Rotate to ``keys``: install every one, encrypt with the first, drop the others.
+
+        Returns the key ids now installed. Raises ``kinship.KeyringError`` with kinship's reason
+        (e.g. switching between encrypted and plaintext needs a restart)."""
+        if self.cluster is None:
+            raise RuntimeError("membership is not started")
+        if not self._keys or not keys:
+            if self._keys != keys:
+                raise kinship.KeyringError(
+                    "switching between an encrypted and an unencrypted cluster needs a restart of the speaker")
+            return []
+        ring = self.cluster.keyring
+        for key in keys:
+            ring.install(key, timeout=2.0)
+        ring.use(keys[0], timeout=2.0)
+        for key in self._keys:
+            if key not in keys:
+                ring.remove(key, timeout=2.0)
+        self._keys = list(keys)
+        ids = ring.key_ids()
+        event(self.log, "memberlistKeysChanged", keyIds=ids)
+        return ids
+
+
+def _stats_dict(stats: Any) -> dict[str, int]:
+    from dataclasses import asdict
+
+    return asdict(stats)
+
+
+def _view(m: kinship.Member) -> MemberView:
+    return MemberView(m.name, m.addr, m.state.name.lower(), dict(m.meta), m.epoch)
+
+
+def _tcp_reachable(addr: str, timeout: float = 0.5) -> bool:
+    try:
+        host, port = _split(addr)
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except (OSError, ValueError):
+        return False

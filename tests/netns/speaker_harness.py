@@ -1,0 +1,227 @@
+"""Helpers for the speaker acceptance tests: N real ``nocloudlb speaker`` processes in namespaces.
+
+It holds no tests; it is imported by tests/netns/test_speaker_cluster.py and by
+benchmarks/failover.py. Everything it starts runs through ``Segment.popen`` and is killed by
+PID when the segment closes.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+from netns import Segment
+from nocloudlb.control import request
+from nocloudlb.core.election import election_order
+from nocloudlb.membership import generate_key
+
+POOL_V4 = "198.51.100.200-198.51.100.239"
+POOL_V6 = "2001:db8:1::200-2001:db8:1::23f"
+
+
+def pool_docs() -> list[dict]:
+    return [
+        {"apiVersion": "metallb.io/v1beta1", "kind": "IPAddressPool", "metadata": {"name": "default"},
+         "spec": {"addresses": [POOL_V4, POOL_V6]}},
+        {"apiVersion": "metallb.io/v1beta1", "kind": "L2Advertisement", "metadata": {"name": "default"},
+         "spec": {"ipAddressPools": ["default"]}},
+    ]
+
+
+def service_doc(name: str, ips: list[str], policy: str = "Cluster", annotations: dict | None = None) -> dict:
+    return {"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": name, "namespace": "test", "annotations": annotations or {}},
+            "spec": {"type": "LoadBalancer", "externalTrafficPolicy": policy,
+                     "ports": [{"port": 80, "protocol": "TCP"}]},
+            "status": {"loadBalancer": {"ingress": [{"ip": ip} for ip in ips]}}}
+
+
+def spread_vips(nodes: list[str], per_node: int = 1, start: str = "198.51.100.200") -> dict[str, str]:
+    """Pick pool addresses so that every node leads ``per_node`` of them: ip -> leader."""
+    out: dict[str, str] = {}
+    count = dict.fromkeys(nodes, 0)
+    ip = ipaddress.ip_address(start)
+    while any(c < per_node for c in count.values()):
+        leader = election_order(nodes, str(ip))[0]
+        if count[leader] < per_node:
+            count[leader] += 1
+            out[str(ip)] = leader
+        ip += 1
+    return out
+
+
+class SpeakerCluster:
+    def __init__(self, seg: Segment, workdir: Path, profile: str = "fast", resources: list[dict] | None = None,
+                 memberlist_extra: dict | None = None, keys: list[str] | None = None) -> None:
+        self.seg = seg
+        self.dir = workdir
+        self.names = [f"n{i + 1}" for i in range(len(seg.hosts))]
+        self.profile = profile
+        self.resources = resources or pool_docs()
+        self.memberlist_extra = memberlist_extra or {}
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.env: dict[str, dict[str, str]] = {}  # extra environment per node (e.g. NOTIFY_SOCKET)
+        self.logs: dict[str, Path] = {}
+        self.keys = keys or [generate_key()]
+        self.key_files: dict[str, Path] = {}
+        for name in self.names:
+            (self.dir / name).mkdir(parents=True, exist_ok=True)
+            self.set_key_file(name, self.keys)
+            self.write_config(name)
+
+    # -- files -----------------------------------------------------------------------------
+    def host(self, name: str):
+        return self.seg.hosts[self.names.index(name)]
+
+    def mac(self, name: str) -> str:
+        return self.host(name).mac
+
+    def sock(self, name: str) -> str:
+        return str(self.dir / name / "speaker.sock")
+
+    def config_path(self, name: str) -> Path:
+        return self.dir / name / "config.yaml"
+
+    def set_key_file(self, name: str, keys: list[str]) -> None:
+        path = self.dir / name / "memberlist.key"
+        path.write_text("".join(k + "\n" for k in keys))
+        path.chmod(0o600)
+        self.key_files[name] = path
+
+    def config(self, name: str, resources: list[dict] | None = None, **extra: Any) -> dict:
+        h = self.host(name)
+        ml = {"bind": f"{h.ipv4}:7946", "join": [f"{x.ipv4}:7946" for x in self.seg.hosts],
+              "keyFile": str(self.key_files[name]), "profile": self.profile, **self.memberlist_extra}
+        doc = {"node": {"name": name, "labels": {"rack": name}}, "memberlist": ml,
+               "stateDir": str(self.dir / name / "state"), "socket": self.sock(name),
+               "metrics": {"bind": "127.0.0.1:7472"}, "logLevel": "info",
+               "resources": resources if resources is not None else self.resources}
+        doc.update(extra)
+        return doc
+
+    def write_config(self, name: str, doc: dict | None = None, text: str | None = None) -> None:
+        self.config_path(name).write_text(text if text is not None else yaml.safe_dump(doc or self.config(name)))
+
+    # -- processes -------------------------------------------------------------------------
+    def start(self, name: str) -> subprocess.Popen:
+        log = self.dir / name / "speaker.log"
+        self.logs[name] = log
+        fh = open(log, "a")  # noqa: SIM115 - handed to the child
+        argv = [sys.executable, "-m", "nocloudlb.cli", "speaker", "-c", str(self.config_path(name))]
+        proc = self.seg.popen(self.host(name).ns, argv, stdout=fh, stderr=fh, env=self.env.get(name))
+        fh.close()
+        self.procs[name] = proc
+        return proc
+
+    def start_all(self, timeout: float = 20.0) -> None:
+        for name in self.names:
+            self.start(name)
+        self.wait(lambda: all(self.members_alive(n) == set(self.names) for n in self.names), timeout,
+                  "all speakers ready with full membership")
+
+    def send_signal(self, name: str, sig: int) -> float:
+        t = time.time()
+        os.kill(self.procs[name].pid, sig)  # the ip-netns-exec'd speaker itself (exec keeps the PID)
+        return t
+
+    def stop(self, name: str, sig: int = signal.SIGKILL) -> float:
+        t = self.send_signal(name, sig)
+        self.procs[name].wait(timeout=10)
+        return t
+
+    # -- observing -------------------------------------------------------------------------
+    def status(self, name: str) -> dict:
+        return request(self.sock(name), {"cmd": "status"})
+
+    def try_status(self, name: str) -> dict | None:
+        try:
+            return self.status(name)
+        except (OSError, ValueError):
+            return None
+
+    def members_alive(self, name: str) -> set[str]:
+        st = self.try_status(name)
+        if not st or not st.get("ready"):
+            return set()
+        return {m["name"] for m in st["members"] if m["state"] == "alive"}
+
+    def vip(self, name: str, ip: str) -> dict:
+        return next(v for v in self.status(name)["vips"] if v["ip"] == ip)
+
+    def announcing(self, name: str, ip: str) -> bool:
+        st = self.try_status(name)
+        return bool(st) and any(v["ip"] == ip and v["announcing"] for v in st["vips"])
+
+    def events(self, name: str, event: str | None = None) -> list[dict]:
+        out = []
+        for line in self.logs[name].read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if event is None or rec.get("event") == event:
+                out.append(rec)
+        return out
+
+    @staticmethod
+    def wait(pred: Callable[[], Any], timeout: float, what: str, step: float = 0.05) -> Any:
+        end = time.monotonic() + timeout
+        while True:
+            value = pred()
+            if value:
+                return value
+            if time.monotonic() > end:
+                raise AssertionError(f"timed out after {timeout}s waiting for: {what}")
+            time.sleep(step)
+
+    def probe(self, ip: str, timeout: float = 0.5) -> list[dict]:
+        """Every MAC that answers ARP/NS for ``ip``, asked from the client (real packets)."""
+        code = (f"import json; from nocloudlb.l2 import probe; "
+                f"print(json.dumps(probe({ip!r}, 'eth0', {timeout})))")
+        return self.seg.python_json(self.seg.client.ns, code)
+
+    def owner_of(self, mac: str) -> str | None:
+        return next((n for n in self.names if self.mac(n) == mac), None)
+
+
+class Capture:
+    """tcpdump on the client's eth0 (ARP and ICMP, with MACs and epoch timestamps)."""
+
+    LINE = re.compile(r"^(?P<ts>\d+\.\d+) (?P<src>[0-9a-f:]{17}) > (?P<dst>[0-9a-f:]{17}), (?P<rest>.*)$")
+
+    def __init__(self, seg: Segment, path: Path, expr: str = "arp or icmp or icmp6") -> None:
+        self.path = path
+        fh = open(path, "w")  # noqa: SIM115
+        self.proc = seg.popen(seg.client.ns, ["tcpdump", "-i", "eth0", "-l", "-n", "-e", "-tt", "-U", expr],
+                              stdout=fh, stderr=subprocess.DEVNULL)
+        fh.close()
+        time.sleep(0.6)  # tcpdump needs a moment before it captures
+
+    def lines(self) -> list[dict]:
+        out = []
+        for line in self.path.read_text().splitlines():
+            m = self.LINE.match(line)
+            if m:
+                out.append({"ts": float(m["ts"]), "src": m["src"], "dst": m["dst"], "rest": m["rest"]})
+        return out
+
+    def gratuitous(self, ip: str, mac: str | None = None, after: float = 0.0) -> list[dict]:
+        """Gratuitous ARP (request or reply form, sender = target = ip) seen after ``after``."""
+        ip_re = re.escape(ip)
+        pat = re.compile(rf"(Request who-has {ip_re}( \([^)]*\))? tell {ip_re},|Reply {ip_re} is-at )")
+        return [x for x in self.lines() if x["ts"] >= after and pat.search(x["rest"])
+                and (mac is None or x["src"] == mac)]
+
+    def icmp_replies(self, ip: str, after: float = 0.0) -> list[dict]:
+        return [x for x in self.lines() if x["ts"] >= after and f"{ip} > " in x["rest"]
+                and "echo reply" in x["rest"]]

@@ -1,0 +1,74 @@
+"""Member metadata: 1,000 Local-policy services fit in kinship's 512 bytes, through a real cluster."""
+
+from __future__ import annotations
+
+import random
+import socket
+import time
+
+import kinship
+import pytest
+from kinship.blocking import Cluster
+from nocloudlb.core.election import DRAIN_LABEL
+from nocloudlb.metadata import MetaCodec, decode_bitmap, encode_bitmap
+
+pytestmark = pytest.mark.timeout(30)
+
+SERVICES = [f"ns{i % 7}/svc-{i:04d}" for i in range(1000)]
+LABEL_KEYS = {DRAIN_LABEL, "topology.kubernetes.io/zone", "rack"}
+LABELS = {"topology.kubernetes.io/zone": "eu-west-1a", "rack": "r12", DRAIN_LABEL: "", "ignored": "x" * 200}
+
+
+def test_bitmap_roundtrip():
+    order = sorted(SERVICES)
+    healthy = set(random.Random(1).sample(order, 500))
+    assert decode_bitmap(order, encode_bitmap(order, healthy)) == healthy
+    assert decode_bitmap(order, encode_bitmap(order, [])) == frozenset()
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.5, 1.0])
+def test_thousand_local_services_fit_through_kinship(fraction):
+    codec = MetaCodec(SERVICES, LABEL_KEYS, "abcdef01")
+    healthy = set(random.Random(7).sample(sorted(SERVICES), int(len(SERVICES) * fraction)))
+    meta = codec.encode(LABELS, healthy)
+    assert "ignored" not in meta["l"]  # only labels that matter travel
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = kinship.Config.lan(name="m", bind=f"127.0.0.1:{port}", insecure_plaintext=True)
+    with Cluster(cfg) as cl:
+        cl.set_meta(meta, timeout=2)  # raises MetaTooLarge past 512 bytes
+        got = cl.local.meta
+    info = MetaCodec(SERVICES, LABEL_KEYS, "abcdef01").decode(got)
+    assert info.health_known and info.healthy == frozenset(healthy)
+    assert info.labels == {k: v for k, v in LABELS.items() if k in LABEL_KEYS}
+    assert info.config_hash == "abcdef01"
+
+
+def test_too_much_is_refused_by_kinship():
+    codec = MetaCodec(SERVICES, {"big"}, "x")
+    meta = codec.encode({"big": "y" * 600}, [])
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with Cluster(kinship.Config.lan(name="m", bind=f"127.0.0.1:{port}", insecure_plaintext=True)) as cl:
+        with pytest.raises(kinship.MetaTooLarge):
+            cl.set_meta(meta, timeout=2)
+
+
+def test_peer_with_other_service_list_counts_as_unknown_health():
+    mine = MetaCodec(SERVICES, LABEL_KEYS, "aaaa0000")
+    theirs = MetaCodec(SERVICES + ["new/svc"], LABEL_KEYS, "bbbb0000")
+    info = mine.decode(theirs.encode({DRAIN_LABEL: ""}, SERVICES))
+    assert not info.health_known and info.healthy == frozenset()
+    assert info.labels == {DRAIN_LABEL: ""} and info.config_hash == "bbbb0000"
+    assert "differs" in info.error
+    assert not mine.decode({"v": "9"}).health_known
+
+
+def test_encoding_is_fast_enough():
+    codec = MetaCodec(SERVICES, LABEL_KEYS, "x")
+    t0 = time.perf_counter()
+    for _dummy in range(100):
+        codec.decode(codec.encode(LABELS, SERVICES[::2]))
+    assert time.perf_counter() - t0 < 2.0
