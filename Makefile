@@ -32,7 +32,7 @@ venv: $(VENV)/.stamp
 
 lint: venv
 	$(BIN)/ruff check plugins speaker tests benchmarks
-	$(BIN)/mypy plugins/module_utils
+	$(BIN)/mypy plugins/module_utils speaker/nocloudlb
 	$(BIN)/antsibull-changelog lint
 	scripts/collection-tree.sh ansible-lint
 

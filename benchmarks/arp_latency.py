@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/env python
 """ARP/NDP reply latency: our userspace responder against the kernel, side by side, one run.
 
 Builds a throw-away segment of network namespaces (tests/netns/netns.py, prefix ``nl2b``):

@@ -49,7 +49,7 @@ def _argv(cmd: Cmd) -> list[str]:
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
+    proc = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30, check=False)
     if check and proc.returncode != 0:
         raise NetnsError(f"ip {' '.join(args)!s} failed (rc={proc.returncode}): {proc.stderr.strip()}")
     return proc
@@ -92,7 +92,7 @@ class Segment:
         """Run ``cmd`` (argv list, or a string for ``sh -c``) inside namespace ``ns``; wait for it."""
         argv = ["ip", "netns", "exec", ns, *_argv(cmd)]
         proc = subprocess.run(
-            argv, capture_output=True, text=True, timeout=timeout, input=input, env=_merge_env(env)
+            argv, capture_output=True, text=True, timeout=timeout, input=input, env=_merge_env(env), check=False
         )
         if check and proc.returncode != 0:
             raise NetnsError(
@@ -289,7 +289,7 @@ class L2Agent:
         import select
 
         assert self.proc.stdout is not None and self.proc.stderr is not None
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        ready, _wr, _ex = select.select([self.proc.stdout], [], [], timeout)
         if not ready:
             raise NetnsError(f"l2 agent in {self.ns}: no answer within {timeout}s")
         line = self.proc.stdout.readline()

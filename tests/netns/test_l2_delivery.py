@@ -83,6 +83,7 @@ def test_kernel_accepts_vip_on_lo_but_never_answers_and_arp_ignore_0_double_owne
     seg.run(seg.client.ns, ["ping", "-c", "1", "-W", "2", VIP4])
     seg.run(seg.client.ns, ["ping", "-6", "-c", "1", "-W", "2", VIP6])
     # The replies really came from n1 (its counters moved), not from some other path.
+
     def echoes(ns: str) -> int:
         out = seg.run(ns, ["nstat", "-az", "IcmpInEchos"]).stdout
         return int(re.search(r"IcmpInEchos\s+(\d+)", out).group(1))

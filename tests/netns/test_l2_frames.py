@@ -130,9 +130,9 @@ def test_bpf_filter_lets_only_arp_and_ns_na_through(segment):
     seg.run(n1.ns, ["ping", "-c", "1", "-W", "1", seg.client.ipv4])  # n1's own outgoing frames
     # n1 asks for an address nobody has: outgoing ARP requests the filter must drop.
     seg.run(n1.ns, ["ping", "-c", "1", "-W", "1", "198.51.100.99"], check=False)
-    out, _ = proc.communicate(timeout=20)
+    out, _err = proc.communicate(timeout=20)
     seen = json.loads(out.strip().splitlines()[-1])
-    kinds = {(et, typ) for et, typ, _ in seen}
+    kinds = {(et, typ) for et, typ, _rest in seen}
     assert kinds <= {("0806", 1), ("0806", 2), ("86dd", 135), ("86dd", 136)}, kinds
     assert ("0806", 1) in kinds and ("86dd", 135) in kinds
     assert not [x for x in seen if x[2] == "198.51.100.99"], "own outgoing ARP requests reached the socket"

@@ -465,7 +465,7 @@ class L2Announcer:
             return
         events = sel.select(timeout)
         with self._lock:
-            for key, _ in events:
+            for key, _mask in events:
                 if key.data is None:
                     try:
                         while os.read(self._wake_r, 4096):
@@ -481,7 +481,7 @@ class L2Announcer:
                 self._rescan()
 
     def _receive(self, iface: _Iface) -> None:
-        for _ in range(256):
+        for _dummy in range(256):
             try:
                 data = iface.sock.recv(65535)
             except (BlockingIOError, InterruptedError):
@@ -553,7 +553,7 @@ class L2Announcer:
     def _run_timers(self) -> None:
         now = time.monotonic()
         while self._heap and self._heap[0][0] <= now:
-            _, _, action, ip, gen, arg = heapq.heappop(self._heap)
+            _when, _seq, action, ip, gen, arg = heapq.heappop(self._heap)
             vip = self._current(ip, gen)
             if vip is None:
                 continue

@@ -29,6 +29,7 @@ from __future__ import annotations
 import ctypes
 import socket
 import struct
+from collections.abc import Sequence
 
 ETH_P_ALL = 0x0003
 ETH_P_ARP = 0x0806
@@ -90,7 +91,7 @@ def assemble(source: list[tuple]) -> list[Insn]:
     return out
 
 
-ARP_NDP_PROGRAM: list[Insn] = assemble([
+ARP_NDP_PROGRAM: tuple[Insn, ...] = tuple(assemble([
     (LDW, SKF_AD_OFF + SKF_AD_PKTTYPE),
     (JEQ, PACKET_OUTGOING, "drop", None),
     (LDH, 12),
@@ -108,10 +109,10 @@ ARP_NDP_PROGRAM: list[Insn] = assemble([
     (RET, 0x0000FFFF),
     ("label", "drop"),
     (RET, 0),
-])
+]))
 
 
-def attach_filter(sock: socket.socket, program: list[Insn] = ARP_NDP_PROGRAM) -> None:
+def attach_filter(sock: socket.socket, program: Sequence[Insn] = ARP_NDP_PROGRAM) -> None:
     """Attach a classic BPF program (list of (code, jt, jf, k)) to ``sock`` with SO_ATTACH_FILTER."""
     blob = b"".join(struct.pack("HBBI", *ins) for ins in program)
     buf = ctypes.create_string_buffer(blob)
@@ -120,7 +121,7 @@ def attach_filter(sock: socket.socket, program: list[Insn] = ARP_NDP_PROGRAM) ->
     sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, fprog)
 
 
-def open_packet_socket(ifname: str, program: list[Insn] = ARP_NDP_PROGRAM) -> socket.socket:
+def open_packet_socket(ifname: str, program: Sequence[Insn] = ARP_NDP_PROGRAM) -> socket.socket:
     """An AF_PACKET/SOCK_RAW socket bound to ``ifname`` that only delivers frames ``program`` accepts.
 
     The filter is attached before bind, then frames queued before the filter took

@@ -67,7 +67,7 @@ class Prober:
             left = deadline - time.time()
             if left <= 0:
                 break
-            ready, _, _ = select.select([self.sock], [], [], left)
+            ready, _wr, _ex = select.select([self.sock], [], [], left)
             if not ready:
                 break
             while True:
