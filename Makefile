@@ -10,7 +10,7 @@ export PATH := $(BIN):$(PATH)
 # Debian packages the tests and the lab need on the controller.
 APT_PACKAGES := debootstrap iproute2 iputils-ping arping tcpdump nftables curl ndisc6 keepalived rsync shellcheck
 
-.PHONY: help deps venv lint unit sanity netns molecule test lab lab-down bench build clean
+.PHONY: help deps venv lint unit sanity netns labtests molecule test lab lab-down bench build clean
 
 help:
 	@echo "make test   - install what is needed, then run lint, unit, sanity, namespace and molecule tests"
@@ -31,7 +31,7 @@ $(VENV)/.stamp: requirements-dev.txt pyproject.toml
 venv: $(VENV)/.stamp
 
 lint: venv
-	$(BIN)/ruff check plugins speaker tests benchmarks
+	$(BIN)/ruff check plugins speaker tests benchmarks roles/lab/files
 	$(BIN)/mypy plugins/module_utils speaker/nocloudlb
 	$(BIN)/antsibull-changelog lint
 	scripts/collection-tree.sh ansible-lint
@@ -45,10 +45,13 @@ sanity: venv
 netns: deps venv
 	$(BIN)/pytest tests/netns -q -p no:cacheprovider
 
+labtests: deps venv
+	$(BIN)/pytest tests/lab -q -p no:cacheprovider
+
 molecule: deps venv
 	molecule test -s lab
 
-test: deps venv lint unit sanity netns molecule
+test: deps venv lint unit sanity netns labtests molecule
 
 lab: deps venv
 	$(BIN)/ansible-playbook playbooks/lab.yml -e lab_action=up
