@@ -46,6 +46,9 @@ def _print_status(st: dict[str, Any]) -> None:
     print("\nVIP                      SERVICE                  POOL         LEADER       HERE")
     for v in st.get("vips", []):
         here = "announcing" if v["announcing"] else (v.get("reason") or "-")
+        conflict = v.get("conflict") or {}
+        if not v["announcing"] and conflict.get("mac"):
+            here += f" (answered by {conflict['mac']} on {conflict.get('iface')})"
         print(f"{v['ip']:<24} {v['service']:<24} {v['pool']:<12} {str(v['leader']):<12} {here}")
     for c in st.get("conflicts", []):
         print(f"CONFLICT {c.get('ip')} answered by {c.get('mac')} on {c.get('iface')} at {c.get('at')}")

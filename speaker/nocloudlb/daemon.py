@@ -9,18 +9,25 @@ socket, signals) only post to a queue; the main thread drains it and reconciles:
 3. ``L2Announcer.set_announced`` with the VIPs this node leads, and ``delivery.sync_lo_vips``
    with every VIP this node may serve (its L2Advertisements select it): failover moves no
    address, drain and health move only the ARP/NDP answers,
-4. log ``serviceAnnounced`` / ``serviceWithdrawn`` (with ``reason``) on every change.
+4. overlay what the L2 layer really does with each VIP it was given (``L2Announcer.stats()``:
+   ``checking`` during the RFC 5227 check, ``announcing``, ``conflict`` when another MAC
+   answers for it), so status, metrics and logs never claim an address the announcer holds
+   back: such a VIP shows ``announcing: false`` with reason ``conflictCheck`` or ``ipConflict``,
+5. log ``serviceAnnounced`` / ``serviceWithdrawn`` (with ``reason``) on every change. The
+   ``ipConflict`` event itself is logged once per conflict by the announcer, not here.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import queue
 import signal
+import socket
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import kinship
@@ -46,10 +53,65 @@ class VipRow:
     service: str
     pool: str
     leader: str | None
-    announcing: bool
+    announcing: bool  # the election's answer until ``with_l2`` overlays the L2 layer's
     reason: str
     interfaces: list[str]
     on_lo: bool
+    l2_state: str = ""  # the announcer's state: "" (not given to it) | checking | announcing | conflict
+    conflict: dict | None = None  # ip, mac, iface, at of the other MAC that answers for it
+
+    def view(self) -> dict[str, Any]:
+        return {"ip": self.ip, "service": self.service, "pool": self.pool, "leader": self.leader,
+                "announcing": self.announcing, "reason": self.reason, "interfaces": self.interfaces,
+                "onLo": self.on_lo, "l2State": self.l2_state, "conflict": self.conflict}
+
+
+@dataclass
+class L2View:
+    """What the announcer does: ip -> state, and ip -> conflict record. ``known`` False: no stats."""
+
+    states: dict[str, str]
+    conflicts: dict[str, dict]
+    known: bool = True
+
+
+def with_l2(rows: list[VipRow], l2: L2View) -> list[VipRow]:
+    """Rows as the segment sees them: a VIP this node won is announcing only when the L2 layer says so.
+
+    Won but still under the RFC 5227 check: reason ``conflictCheck``; another MAC answered (also
+    while the announcer re-checks a conflicted address): reason ``ipConflict`` with the conflict.
+    """
+    out = []
+    for r in rows:
+        state = l2.states.get(r.ip, "")
+        conflict = l2.conflicts.get(r.ip)
+        if not r.announcing or not l2.known:
+            out.append(replace(r, l2_state=state, conflict=conflict))
+        elif state == "announcing":
+            out.append(replace(r, l2_state=state, conflict=None))
+        elif conflict is not None or state == "conflict":
+            out.append(replace(r, announcing=False, reason="ipConflict", l2_state=state, conflict=conflict))
+        elif state == "checking":
+            out.append(replace(r, announcing=False, reason="conflictCheck", l2_state=state))
+        else:  # not (yet) taken by the announcer
+            out.append(replace(r, announcing=False, reason="l2Pending", l2_state=state))
+    return out
+
+
+def neighbour_macs(ips: set[str]) -> set[bytes]:
+    """Link-layer addresses the kernel's neighbour table (ARP and NDP) holds for ``ips``."""
+    if not ips:
+        return set()
+    from pyroute2 import IPRoute  # noqa: PLC0415
+
+    out: set[bytes] = set()
+    with IPRoute() as ipr:
+        for family in (socket.AF_INET, socket.AF_INET6):
+            for n in ipr.get_neighbours(family=family):
+                dst, lladdr = n.get("NDA_DST"), n.get("NDA_LLADDR")
+                if dst and lladdr and str(ipaddress.ip_address(dst)) in ips and lladdr != "00:00:00:00:00:00":
+                    out.add(bytes.fromhex(lladdr.replace(":", "")))
+    return out
 
 
 def label_keys(parsed: Any) -> set[str]:
@@ -110,7 +172,10 @@ class Speaker:
         self._announcer_factory = announcer_factory
         self._delivery = delivery
         self._last_meta: dict[str, str] = {}
-        self._rows: list[VipRow] = []
+        self._rows: list[VipRow] = []  # the election's rows; with_l2 gives what is really announced
+        self._l2_busy = False  # a VIP this node won is under the conflict check: reconcile again soon
+        self._peer_macs: frozenset[bytes] = frozenset()
+        self._peer_macs_at = -1e9
         self._prev: dict[tuple[str, str], tuple[bool, str]] = {}
         self._lo: set[str] = set()
         self._announced: set[str] = set()
@@ -208,7 +273,9 @@ class Speaker:
 
         self._delivery = self._delivery or delivery
         self._delivery.prepare_host()
-        self.announcer = (self._announcer_factory or L2Announcer)(cfg.node_name, logging.getLogger("nocloudlb.l2"))
+        factory = self._announcer_factory or L2Announcer
+        self.announcer = factory(cfg.node_name, logging.getLogger("nocloudlb.l2"),
+                                 is_peer_mac=lambda mac: mac in self.peer_macs(mac))
         self.announcer.start()
 
         from .control import ControlServer
@@ -233,6 +300,8 @@ class Speaker:
         next_wd = time.monotonic()
         while True:
             timeout = 1.0 if wd is None else max(0.05, min(1.0, next_wd - time.monotonic()))
+            if self._l2_busy:
+                timeout = min(timeout, 0.1)  # log serviceAnnounced as soon as the check ends
             try:
                 items = [self.events.get(timeout=timeout)]
             except queue.Empty:
@@ -343,11 +412,12 @@ class Speaker:
                 if reason == "" and refused:
                     reason = "joinRefused"  # peers are up but refuse our gossip (wrong key): do not fight them
                 if reason == "" and ip not in self._announced:
-                    # gained: skip the RFC 5227 check when another member held it or would hold it
-                    # without us (failover, drain, preemption); check only addresses nobody held
+                    # gained from a member we saw lead it (failover, drain, leave): skip the RFC 5227
+                    # check, it would only cost failover time. Otherwise (first start, a new VIP, a
+                    # restart that preempts) check: answers from members' MACs are a handover and
+                    # ignored (L2Announcer.is_peer_mac), any other MAC is a conflict and never fought.
                     before = self._leaders.get(ip)
-                    others, dummy = layer2_decision(me, [n for n in nodes if n.name != me], ads, svc, ip)
-                    if (before and before != me) or others:
+                    if before and before != me:
                         skip.add(ip)
                 mine = [a for a in ads if a.selects_service(svc.labels) and a.selects_node(my_labels)]
                 ifaces: list[str] = []
@@ -377,9 +447,51 @@ class Speaker:
                 self._lo = lo
             except Exception as exc:  # noqa: BLE001 - report and retry at the next tick
                 logs.event(log, "loSyncFailed", str(exc), logging.ERROR)
-        self._log_changes(rows, me)
+        seen = with_l2(rows, self.l2_view())
+        self._l2_busy = any(r.l2_state == "checking" and r.reason == "conflictCheck" for r in seen)
+        self._log_changes(seen, me)
         with self._lock:
             self._rows = rows
+
+    def peer_macs(self, mac: bytes | None = None) -> frozenset[bytes]:
+        """MACs of the members' gossip addresses, from the kernel's neighbour table (kinship talks to
+        every member, so they are resolved). Re-read at most every 0.2 s when ``mac`` is unknown, else
+        every 2 s. Called from the announcer's thread while it checks an address."""
+        now = time.monotonic()
+        age = now - self._peer_macs_at
+        if age > 2.0 or (mac is not None and mac not in self._peer_macs and age > 0.2):
+            self._peer_macs_at = now
+            ips: set[str] = set()
+            me = self.cfg.node_name if self.cfg else ""
+            for m in self.membership.members() if self.membership else []:
+                try:
+                    if m.name != me:
+                        ips.add(str(ipaddress.ip_address(m.addr.rpartition(":")[0].strip("[]"))))
+                except ValueError:
+                    continue  # a member known by host name: no neighbour entry to match
+            try:
+                self._peer_macs = frozenset(neighbour_macs(ips))
+            except (OSError, ValueError) as exc:
+                logs.event(log, "neighboursFailed", f"cannot read the neighbour table: {exc}", logging.WARNING)
+        return self._peer_macs
+
+    def l2_view(self) -> L2View:
+        """The announcer's per-VIP state and conflicts, read now (it changes them on its own thread)."""
+        if self.announcer is None:
+            return L2View({}, {}, known=False)
+        try:
+            vips = self.announcer.stats().get("vips", {})
+            conflicts = {c["ip"]: c for c in self.announcer.conflicts()}
+        except (AttributeError, KeyError, TypeError):  # an announcer without stats(): trust the election
+            return L2View({}, {}, known=False)
+        return L2View({ip: v.get("state", "") for ip, v in vips.items()}, conflicts)
+
+    def rows(self) -> tuple[list[VipRow], L2View]:
+        """Every VIP row with the L2 layer's live state overlaid, and that state."""
+        with self._lock:
+            rows = list(self._rows)
+        l2 = self.l2_view()
+        return with_l2(rows, l2), l2
 
     def _log_changes(self, rows: list[VipRow], me: str) -> None:
         seen: dict[tuple[str, str], tuple[bool, str]] = {}
@@ -452,25 +564,16 @@ class Speaker:
                     labels = self.codec.decode(m.meta).labels
                 members.append({"name": m.name, "addr": m.addr, "state": m.state, "labels": labels,
                                 "configDigest": m.meta.get("c", "")})
-        with self._lock:
-            rows = list(self._rows)
-        conflicts = []
-        if self.announcer is not None:
-            try:
-                conflicts = list(self.announcer.conflicts())
-            except Exception:  # noqa: BLE001
-                conflicts = []
+        rows, l2 = self.rows()
         ml = self.membership
         return {
             "node": me,
             "ready": self.ready,
             "profile": cfg.profile if cfg else "",
             "members": members,
-            "vips": [{"ip": r.ip, "service": r.service, "pool": r.pool, "leader": r.leader,
-                      "announcing": r.announcing, "reason": r.reason, "interfaces": r.interfaces,
-                      "onLo": r.on_lo} for r in rows],
+            "vips": [r.view() for r in rows],
             "config": self.holder.status() | {"restartPending": self._restart_pending},
-            "conflicts": conflicts,
+            "conflicts": sorted(l2.conflicts.values(), key=lambda c: c["ip"]),
             "labels": self.my_labels() if cfg and self.labels else {},
             "memberlist": {"state": ml.join_state if ml else "starting", "error": ml.join_error if ml else "",
                            "keyIds": ml.key_ids() if ml else [],
@@ -480,8 +583,7 @@ class Speaker:
         }
 
     def metrics_snapshot(self) -> dict[str, Any]:
-        with self._lock:
-            rows = list(self._rows)
+        rows, l2 = self.rows()
         counts: dict[str, int] = {}
         stats: dict[str, int] = {}
         if self.membership is not None:
@@ -491,12 +593,6 @@ class Speaker:
                 stats = self.membership.stats()
             except kinship.KinshipError:
                 stats = {}
-        conflicts = 0
-        if self.announcer is not None:
-            try:
-                conflicts = len(self.announcer.conflicts())
-            except Exception:  # noqa: BLE001
-                conflicts = 0
         return {
             "announced": [{"ip": r.ip, "node": self.cfg.node_name if self.cfg else "", "service": r.service}
                           for r in rows if r.announcing],
@@ -504,7 +600,7 @@ class Speaker:
             "config_stale": self.holder.state != "ok" and self.cfg is not None,
             "members": counts,
             "kinship": stats,
-            "conflicts": conflicts,
+            "conflicts": len(l2.conflicts),
         }
 
 

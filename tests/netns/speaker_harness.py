@@ -128,6 +128,17 @@ class SpeakerCluster:
             self.start(name)
         self.wait(lambda: all(self.members_alive(n) == set(self.names) for n in self.names), timeout,
                   "all speakers ready with full membership")
+        self.wait(self.settled, timeout, "every VIP past its conflict check on every node")
+
+    def settled(self) -> bool:
+        """No node has a VIP in a passing state (its RFC 5227 check running, or not yet taken by the
+        L2 layer): what a test then observes is the steady state, not a start-up race."""
+        transient = {"conflictCheck", "l2Pending"}
+        for name in self.names:
+            st = self.try_status(name)
+            if not st or any(v.get("reason") in transient for v in st["vips"]):
+                return False
+        return True
 
     def send_signal(self, name: str, sig: int) -> float:
         t = time.time()

@@ -43,7 +43,7 @@ import struct
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -106,6 +106,7 @@ class L2Announcer:
         rescan_interval: float = 5.0,
         conflict_retry: float = 30.0,
         registry: CollectorRegistry | None = REGISTRY,
+        is_peer_mac: Callable[[bytes], bool] | None = None,
     ) -> None:
         for name, value, low in [("check_probes", check_probes, 0), ("garp_rounds", garp_rounds, 1),
                                  ("rate", rate, 1), ("burst", burst, 1), ("check_interval", check_interval, 0),
@@ -115,6 +116,8 @@ class L2Announcer:
                 raise ValueError(f"L2Announcer: {name} must be >= {low}, got {value!r}")
         self.node_name = node_name
         self.log = logger
+        # A cluster member answering during a handover is not a conflict: the daemon says who is one.
+        self.is_peer_mac = is_peer_mac
         self.check_probes = check_probes
         self.check_interval = check_interval
         self.check_wait = check_wait
@@ -544,6 +547,10 @@ class L2Announcer:
 
     def _saw_conflict(self, vip: _Vip, mac: bytes, iface: str) -> None:
         if any(mac == i.mac for i in self._ifaces.values()):
+            return
+        if self.is_peer_mac is not None and self.is_peer_mac(mac):
+            self.log.debug("memberAnswered", extra={"event": "memberAnswered", "ip": vip.ip, "iface": iface,
+                                                    "mac": arp.mac_str(mac)})
             return
         with self._lock:
             if vip.state == "checking" and vip.conflict is None:
