@@ -20,11 +20,12 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
-import tempfile
 from pathlib import Path
 
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
+
+from ..state import atomic_write
 
 SYSCTLS = {
     "net.ipv4.conf.all.arp_ignore": "1",
@@ -100,20 +101,7 @@ def _read_state(path: Path) -> set[str]:
 
 
 def _write_state(path: Path, managed: set[str]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".lo-vips.")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump({"managed": sorted(managed, key=_sort_key)}, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    atomic_write(path, json.dumps({"managed": sorted(managed, key=_sort_key)}).encode())
 
 
 def lo_addresses() -> dict[str, str]:
