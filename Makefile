@@ -10,7 +10,7 @@ export PATH := $(BIN):$(PATH)
 # Debian packages the tests and the lab need on the controller.
 APT_PACKAGES := debootstrap iproute2 iputils-ping arping tcpdump nftables curl ndisc6 keepalived rsync shellcheck
 
-.PHONY: help deps venv lint unit sanity netns labtests molecule test lab lab-down bench build clean
+.PHONY: help deps venv lint unit sanity netns labtests molecule test lab lab-down bench bench-failover build clean
 
 help:
 	@echo "make test   - install what is needed, then run lint, unit, sanity, namespace and molecule tests"
@@ -50,17 +50,29 @@ labtests: deps venv
 
 molecule: deps venv
 	molecule test -s lab
+	molecule test -s default
 
 test: deps venv lint unit sanity netns labtests molecule
 
+# The lab of the default scenario (three nodes, two clients, a router), site.yml
+# deployed on it, then the scenario's verify: who answers ARP/NDP for each VIP,
+# HTTP through every VIP, and the VIPs moving under kill -9, freeze, link down and
+# drain, with the measured times. The lab stays up for you to explore
+# (docs/lab.md); `make lab-down` removes it.
 lab: deps venv
-	$(BIN)/ansible-playbook playbooks/lab.yml -e lab_action=up
+	molecule converge -s default
+	molecule verify -s default
 
 lab-down: venv
-	$(BIN)/ansible-playbook playbooks/lab.yml -e lab_action=down
+	molecule destroy -s default
 
 bench: deps venv
 	$(PY) benchmarks/core_bench.py
+	$(PY) benchmarks/arp_latency.py -n 500
+
+# About 8 minutes: 20 kill -9 per profile, keepalived beside the speaker.
+bench-failover: deps venv
+	$(PY) benchmarks/failover.py --kills 20 --keepalived
 
 build: venv
 	$(BIN)/ansible-galaxy collection build --force --output-path dist .
