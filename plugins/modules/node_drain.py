@@ -138,13 +138,13 @@ elapsed:
 
 import json  # noqa: E402
 import os  # noqa: E402
-import socket  # noqa: E402
 import subprocess  # noqa: E402
 import time  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+from ansible_collections.nocloud.loadbalancer.plugins.module_utils import control_client  # noqa: E402
+from ansible_collections.nocloud.loadbalancer.plugins.module_utils.election import DRAIN_LABEL  # noqa: E402
 
-DRAIN_LABEL = "node.kubernetes.io/exclude-from-external-load-balancers"
 LIVE = ("alive", "suspect")
 
 
@@ -153,19 +153,9 @@ class SpeakerError(Exception):
 
 
 def request(path: str, payload: dict, timeout: float = 5.0) -> dict:
-    """One JSON request line to the control socket, one JSON answer line back."""
+    """control_client.request with the errors a user of this module can act on."""
     try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(timeout)
-            sock.connect(path)
-            sock.sendall(json.dumps(payload).encode() + b"\n")
-            data = b""
-            while not data.endswith(b"\n"):
-                chunk = sock.recv(65536)
-                if not chunk:
-                    break
-                data += chunk
-        answer = json.loads(data)
+        answer = control_client.request(path, payload, timeout)
     except FileNotFoundError:
         raise SpeakerError(f"socket: {path} does not exist; is nocloudlb-speaker.service running here?") from None
     except (OSError, ValueError) as exc:

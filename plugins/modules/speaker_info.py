@@ -158,29 +158,10 @@ drained:
   type: bool
 """
 
-import json  # noqa: E402
-import socket  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
-
-DRAIN_LABEL = "node.kubernetes.io/exclude-from-external-load-balancers"
-
-
-def request(path: str, payload: dict, timeout: float) -> dict:
-    """Send one JSON request line to the control socket and return the JSON answer line."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(timeout)
-        sock.connect(path)
-        sock.sendall(json.dumps(payload).encode() + b"\n")
-        data = b""
-        while not data.endswith(b"\n"):
-            chunk = sock.recv(65536)
-            if not chunk:
-                break
-            data += chunk
-    if not data.strip():
-        raise ValueError("the speaker closed the connection without an answer")
-    return json.loads(data)
+from ansible_collections.nocloud.loadbalancer.plugins.module_utils.control_client import request  # noqa: E402
+from ansible_collections.nocloud.loadbalancer.plugins.module_utils.election import DRAIN_LABEL  # noqa: E402
 
 
 def summarize(status: dict) -> dict:

@@ -15,7 +15,8 @@ import stat
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+
+from .core.control_client import request  # noqa: F401 - the CLI and tests call control.request
 
 Handler = Callable[[dict], dict]
 MAX_LINE = 1 << 20
@@ -100,18 +101,3 @@ def _in_use(path: str) -> bool:
     return True
 
 
-def request(path: str, req: dict[str, Any], timeout: float = 5.0) -> dict[str, Any]:
-    """Send one request to the speaker at ``path`` and return its answer."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(timeout)
-        s.connect(path)
-        s.sendall(json.dumps(req).encode() + b"\n")
-        buf = b""
-        while not buf.endswith(b"\n"):
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            buf += chunk
-    if not buf:
-        raise ConnectionError(f"{path}: the speaker closed the connection without an answer")
-    return json.loads(buf)

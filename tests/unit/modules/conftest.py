@@ -14,6 +14,25 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
 MODULES = ROOT / "plugins" / "modules"
+_COLLECTIONS: list[Path] = []
+
+
+def collections_dir() -> Path:
+    """A directory holding ansible_collections/nocloud/loadbalancer -> this tree, so a module run
+    as a plain script imports its module_utils the way Ansible's packaging provides them."""
+    if not _COLLECTIONS:
+        top = Path(f"/tmp/ndp-collections-{uuid.uuid4().hex[:8]}")
+        (top / "ansible_collections" / "nocloud").mkdir(parents=True)
+        (top / "ansible_collections" / "nocloud" / "loadbalancer").symlink_to(ROOT)
+        _COLLECTIONS.append(top)
+    return _COLLECTIONS[0]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _remove_collections_dir():
+    yield
+    for top in _COLLECTIONS:
+        subprocess.run(["rm", "-rf", str(top)], check=False)
 
 
 def run_module(name: str, args: dict, netns: str | None = None, check_mode: bool = False,
@@ -30,7 +49,9 @@ def run_module(name: str, args: dict, netns: str | None = None, check_mode: bool
         cmd = [sys.executable, str(MODULES / f"{name}.py"), str(args_file)]
         if netns:
             cmd = ["ip", "netns", "exec", netns, *cmd]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(collections_dir()),
+                                                                        os.environ.get("PYTHONPATH")])))
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False, env=env)
     finally:
         args_file.unlink(missing_ok=True)
     try:
