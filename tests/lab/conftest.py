@@ -86,5 +86,10 @@ def ping(lab: labctl.Lab, src: str, dst_ip: str, count: int = 1, wait: float = 1
 
 
 def labctl_cli(*args: str, check: bool = True, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(LABCTL), *args], text=True, capture_output=True, timeout=timeout,
-                          check=check)
+    """Run labctl.py; with check, a non-zero exit fails the test with the command's stdout and stderr."""
+    res = subprocess.run([sys.executable, str(LABCTL), *args], text=True, capture_output=True, timeout=timeout,
+                         check=False)
+    if check:
+        assert res.returncode == 0, (f"labctl {' '.join(args)} exited with {res.returncode}\n"
+                                     f"--- stdout:\n{res.stdout[-4000:]}\n--- stderr:\n{res.stderr[-8000:]}")
+    return res

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import ctypes
 import datetime
 import errno
 import fcntl
@@ -133,12 +134,33 @@ def now_iso(ts: float | None = None) -> str:
     return datetime.datetime.fromtimestamp(ts, datetime.UTC).isoformat(timespec="microseconds")
 
 
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> Any:
+    """A preexec_fn: the child gets SIGKILL when the process that started it dies.
+
+    A helper (ip, mount, ...) of a labctl killed mid-up would otherwise finish on its own
+    after the kill, and could attach a namespace or mount an overlay after a cleanup had
+    already looked for them.
+    """
+    parent = os.getpid()
+
+    def preexec() -> None:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return preexec
+
+
 def run(cmd: list[str], *, check: bool = True, input: str | None = None, timeout: float | None = 60,
         capture: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run a helper command to completion; it dies with this process (see _die_with_parent)."""
     try:
         res = subprocess.run(cmd, input=input, text=True, timeout=timeout, check=False,
                              stdout=subprocess.PIPE if capture else None,
-                             stderr=subprocess.PIPE if capture else None)
+                             stderr=subprocess.PIPE if capture else None, preexec_fn=_die_with_parent())
     except FileNotFoundError as exc:
         raise LabError(f"command not found: {cmd[0]}") from exc
     except subprocess.TimeoutExpired as exc:
@@ -865,24 +887,27 @@ class Lab:
         cgs = {k: Path(v) for k, v in rec.get("cgroups", {}).items()}
         with contextlib.suppress(FileNotFoundError):
             set_frozen(cgs, False)
-        victims = set()
-        for d in cgs.values():
-            victims |= set(cgroup_pids(d))
-        for key in ("pid", "launcher"):
-            if pid_alive(rec.get(key), rec.get(f"{key}_start")):
-                victims.add(rec[key])
-        for p in sorted(victims):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(p, signal.SIGKILL)
-                changed = True
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            if not any(cgroup_pids(d) for d in cgs.values()) and not any(
-                    pid_alive(rec.get(k), rec.get(f"{k}_start")) for k in ("pid", "launcher")):
+        # Kill until nothing is left: the recorded PID 1 and launcher, and every process in the
+        # host's cgroups. Enumerate again each round, since a process may fork between the read of
+        # cgroup.procs and the kill (a launcher whose PID 1 was not recorded yet, say); killing
+        # the PID namespace's init takes the rest of the namespace with it.
+        deadline = time.monotonic() + 20
+        while True:
+            if rec.get("launcher"):  # a launcher that is our own child (restart) stays a zombie until reaped
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(rec["launcher"], os.WNOHANG)
+            victims = {p for d in cgs.values() for p in cgroup_pids(d)}
+            victims |= {rec[k] for k in ("pid", "launcher") if pid_alive(rec.get(k), rec.get(f"{k}_start"))}
+            victims.discard(os.getpid())
+            if not victims:
                 break
+            if time.monotonic() > deadline:
+                raise LabError(f"host {host}: processes still alive 20 s after SIGKILL: {sorted(victims)}")
+            for p in sorted(victims):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p, signal.SIGKILL)
+                    changed = True
             time.sleep(0.05)
-        else:
-            raise LabError(f"host {host}: processes still alive 10 s after SIGKILL")
         with contextlib.suppress(ChildProcessError):
             # reap a launcher that is our own child (restart within one process)
             while os.waitpid(-1, os.WNOHANG) != (0, 0):
@@ -1284,34 +1309,53 @@ def ip_links(ns: str) -> list[str]:
     return [link["ifname"] for link in json.loads(out)]
 
 
-def cgroup_pids(d: Path, recursive: bool = True) -> list[int]:
-    if not d.exists():
+def cgroup_subdirs(d: Path) -> list[Path]:
+    """d and every cgroup below it, deepest first.
+
+    A running host's systemd creates and removes unit cgroups all the time (more so while it
+    boots), so a directory seen here may be gone a moment later: os.walk skips directories that
+    vanish while it walks (Path.rglob raised FileNotFoundError for them).
+    """
+    if not d.is_dir():
         return []
-    dirs = [p for p in d.rglob("*") if p.is_dir()] + [d] if recursive else [d]
+    return [Path(top) for top, _dirs, _files in os.walk(d, topdown=False)]
+
+
+def cgroup_pids(d: Path, recursive: bool = True) -> list[int]:
+    """PIDs in cgroup d (and, with recursive, in every cgroup below it); [] if d does not exist."""
     pids: list[int] = []
-    for sub in dirs:
+    for sub in cgroup_subdirs(d) if recursive else [d]:
         try:
             pids += [int(x) for x in (sub / "cgroup.procs").read_text().split()]
-        except (FileNotFoundError, OSError):
+        except OSError:  # removed meanwhile (ENOENT, or ENODEV for a cgroup being destroyed)
             continue
     return pids
 
 
-def remove_cgroup_tree(d: Path) -> None:
-    for sub in sorted((p for p in d.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
-        with contextlib.suppress(FileNotFoundError):
-            sub.rmdir()
-    for _attempt in range(50):
-        try:
-            d.rmdir()
+def remove_cgroup_tree(d: Path, timeout: float = 10) -> None:
+    """Remove cgroup d and every cgroup below it, deepest first.
+
+    The caller has killed every process in it. rmdir answers EBUSY while a killed task has not
+    finished exiting, so retry until timeout; then name the cgroups and PIDs still there.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        busy: list[str] = []
+        for sub in cgroup_subdirs(d):
+            try:
+                sub.rmdir()
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                if exc.errno != errno.EBUSY:
+                    raise LabError(f"cannot remove cgroup {sub}: {exc.strerror}") from exc
+                busy.append(str(sub))
+        if not d.exists():
             return
-        except FileNotFoundError:
-            return
-        except OSError as exc:
-            if exc.errno != errno.EBUSY:
-                raise
-            time.sleep(0.1)
-    raise LabError(f"cannot remove cgroup {d}: still busy")
+        if time.monotonic() > deadline:
+            raise LabError(f"cannot remove cgroup {d}: still busy after {timeout} s: {busy}; "
+                           f"PIDs left: {cgroup_pids(d)}")
+        time.sleep(0.05)
 
 
 # ---------------------------------------------------------------- capture reader
