@@ -20,7 +20,7 @@ from .config import DEFAULT_PATH, DEFAULT_SOCKET
 
 
 def _request(sock: str, req: dict[str, Any]) -> dict[str, Any]:
-    from .control import request
+    from .core.control_client import request
 
     try:
         return request(sock, req)

@@ -16,8 +16,6 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from .core.control_client import request  # noqa: F401 - the CLI and tests call control.request
-
 Handler = Callable[[dict], dict]
 MAX_LINE = 1 << 20
 
@@ -99,5 +97,3 @@ def _in_use(path: str) -> bool:
         except OSError:
             return False
     return True
-
-

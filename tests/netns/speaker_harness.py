@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 from netns import Segment
-from nocloudlb.control import request
+from nocloudlb.core.control_client import request
 from nocloudlb.core.election import election_order
 from nocloudlb.membership import generate_key
 

@@ -42,13 +42,13 @@ def run(tmp_path_factory):
 
 
 def test_the_play_succeeds(run):
-    proc, tasks, _ = run
+    proc, tasks, _rest = run
     failed = {name: r.get("msg") for name, r in tasks.items() if r.get("failed")}
     assert proc.returncode == 0 and not failed, failed
 
 
 def test_friendly_forms_become_metallb_documents(run):
-    _, tasks, _ = run
+    _proc, tasks, _rest = run
     docs = tasks["Show the documents"]["speaker__documents"]
     kinds = [(d["kind"], d["metadata"]["name"]) for d in docs]
     assert kinds[:4] == [("IPAddressPool", "web4"), ("IPAddressPool", "web6"), ("IPAddressPool", "pinned"),
@@ -70,7 +70,7 @@ def test_friendly_forms_become_metallb_documents(run):
 
 
 def test_allocation_honours_sharing_requests_and_families(run):
-    _, tasks, _ = run
+    _proc, tasks, _rest = run
     got = tasks["Allocate"]["assignments"]
     assert got["prod/web"] == got["prod/web-alt"]
     assert got["default/fixed"] == ["198.51.100.226"]
@@ -79,7 +79,7 @@ def test_allocation_honours_sharing_requests_and_families(run):
 
 
 def test_config_is_valid_for_the_daemon_and_previous_reads_back(run):
-    _, tasks, out = run
+    _proc, tasks, out = run
     cfg = yaml.safe_load((out / "config.yaml").read_text())
     assert cfg["node"] == {"name": "n1", "labels": {"zone": "a"}}
     assert cfg["memberlist"] == {"bind": "[2001:db8:1::11]:7946", "join": ["[2001:db8:1::11]:7946",

@@ -8,7 +8,8 @@ import threading
 import time
 
 import pytest
-from nocloudlb.control import ControlServer, request
+from nocloudlb.control import ControlServer
+from nocloudlb.core.control_client import request
 from nocloudlb.core.schema import parse_health_check
 from nocloudlb.health import CheckSpec, HealthChecker
 
