@@ -15,6 +15,13 @@ socket, signals) only post to a queue; the main thread drains it and reconciles:
    back: such a VIP shows ``announcing: false`` with reason ``conflictCheck`` or ``ipConflict``,
 5. log ``serviceAnnounced`` / ``serviceWithdrawn`` (with ``reason``) on every change. The
    ``ipConflict`` event itself is logged once per conflict by the announcer, not here.
+6. after a heal (membership's ``on_heal``: a member became alive, this node refuted a rumour of
+   its death, or this process was paused), once the election has been re-run: re-announce
+   every VIP this node leads (``L2Announcer.reannounce``, the full gratuitous schedule).
+   A node that never lost a VIP in its own view sends nothing on its own, yet the interim owner
+   may have moved the clients' neighbour caches to its MAC; and a partition merge may leave
+   clients pointed at the side that lost the VIP. Logged as ``serviceReannounced`` (reasons,
+   nodes, ips), counted in ``nocloudlb_speaker_reannounced_total{reason}``.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import kinship
+from prometheus_client import Counter
 
 from nocloudlb.core.election import DRAIN_LABEL, NodeView, layer2_decision
 from nocloudlb.core.errors import ConfigError
@@ -43,6 +51,9 @@ from .metadata import MetaCodec
 from .state import LabelStore
 
 log = logging.getLogger("nocloudlb.speaker")
+
+REANNOUNCED = Counter("nocloudlb_speaker_reannounced",
+                      "Times this node re-announced the VIPs it leads after the cluster healed", ["reason"])
 
 RESTART_FIELDS = ("node_name", "bind", "join", "profile", "overrides", "socket", "metrics_bind", "state_dir")
 
@@ -286,7 +297,8 @@ class Speaker:
         self._metrics = serve(cfg.metrics_bind, self.metrics_snapshot)
 
         settings = MembershipSettings(cfg.node_name, cfg.bind, cfg.join, self.keys, cfg.profile, cfg.overrides)
-        self.membership = Membership(settings, self.post, logging.getLogger("nocloudlb.membership"))
+        self.membership = Membership(settings, self.post, logging.getLogger("nocloudlb.membership"),
+                                     on_heal=lambda reason, node: self.post(f"heal\t{reason}\t{node}"))
         self._install_signals()
         self.membership.start(self._meta())
 
@@ -317,6 +329,9 @@ class Speaker:
                 logs.event(log, "configReload", "reloading on SIGHUP", path=self.config_path)
                 self.reload()
             self.reconcile()
+            heals = [i for i in items if i.startswith("heal\t")]
+            if heals:
+                self.reannounce(heals)
             assert self.membership is not None
             if not self.ready and self.membership.first_join_done.is_set():
                 self.ready = True
@@ -452,6 +467,24 @@ class Speaker:
         self._log_changes(seen, me)
         with self._lock:
             self._rows = rows
+
+    def reannounce(self, heals: list[str]) -> list[str]:
+        """Re-announce every VIP this node leads now (run after ``reconcile``). ``heals`` are
+        ``heal<TAB>reason<TAB>node`` items. Returns the addresses re-announced."""
+        reasons: dict[str, set[str]] = {}
+        for item in heals:
+            dummy, reason, node = (item.split("\t") + ["", ""])[:3]
+            reasons.setdefault(reason, set()).add(node)
+        if self.announcer is None or not self._announced:
+            return []
+        ips = self.announcer.reannounce(sorted(self._announced))
+        if ips:
+            for reason in reasons:
+                REANNOUNCED.labels(reason).inc()
+            logs.event(log, "serviceReannounced", "the cluster healed: announcing again the VIPs this node leads",
+                       reasons=sorted(reasons), nodes=sorted(set().union(*reasons.values())), count=len(ips),
+                       ips=ips[:50], node=self.cfg.node_name if self.cfg else "")
+        return ips
 
     def peer_macs(self, mac: bytes | None = None) -> frozenset[bytes]:
         """MACs of the members' gossip addresses, from the kernel's neighbour table (kinship talks to

@@ -9,6 +9,31 @@ the tests see one small surface:
     m.set_meta(meta)         # re-gossip labels/health at once
     m.set_keys(keys)         # rotation: install all, use the first, remove the rest
     m.leave()                # graceful leave: peers fail over at once, without waiting
+
+Healing. ``on_heal(reason, node)`` (optional) is called from the event thread whenever the
+cluster may just have healed, i.e. the other nodes may have moved this node's VIPs away and
+are giving them back while this node, in its own view, never lost them:
+
+- ``memberJoined`` / ``memberRecovered``: a member became alive (new, back from dead or left,
+  or a suspect that refuted): a frozen peer thawed, a link came back, a partition merged;
+- ``refuted``: this node refuted a rumour that it was suspect or dead (kinship's
+  ``refutations`` counter grew): the others doubted it, maybe declared it dead;
+- ``resumed``: this process did not run for a while (SIGSTOP, a VM pause, a stalled host):
+  the event thread's wake-ups were ``pause_threshold`` seconds late.
+
+A heal also starts an anti-entropy push-pull (``Cluster.join([addr])``) with the member that
+came back (after a pause: with every member), in the background. A merge can be one-sided:
+the isolated node hears its peers refute the deaths it gossiped and sees them alive, while
+they still hold it dead (nothing tells it so until the next periodic push-pull, 30 s away)
+and both sides announce its VIPs. Exchanging full states at once makes it hear the rumour of
+its death, refute it, and be taken back: the cluster agrees again within a round trip.
+
+A full partition (a leader's switch port down long enough that each side declared the other
+dead) would otherwise heal only by kinship's periodic reconnect and push-pull, tens of seconds
+during which both sides answer for the same VIPs. So every member this node holds dead (not
+left) gets a push-pull attempt every ``RECONNECT_FAST`` s for ``RECONNECT_FAST_FOR`` s after it
+died, then every ``RECONNECT_SLOW`` s: a healed link merges the cluster within about a second.
+An attempt at a really dead node costs one refused (or timed out) TCP connection.
 """
 
 from __future__ import annotations
@@ -62,6 +87,11 @@ OVERRIDABLE: dict[str, str] = {
 }
 
 CLUSTER_LABEL = "nocloudlb"
+
+#: Push-pull attempts with members held dead: seconds between attempts, at first and later.
+RECONNECT_FAST = 1.0
+RECONNECT_FAST_FOR = 120.0
+RECONNECT_SLOW = 10.0
 
 
 class KeyFileError(ValueError):
@@ -165,9 +195,19 @@ _EVENT_NAMES = {
 
 class Membership:
     def __init__(self, settings: MembershipSettings, on_change: Callable[[], None],
-                 logger: logging.Logger | None = None) -> None:
+                 logger: logging.Logger | None = None,
+                 on_heal: Callable[[str, str], None] | None = None) -> None:
         self.settings = settings
         self.on_change = on_change
+        self.on_heal = on_heal
+        timing = settings.timing()
+        # A pause longer than a probe round plus a suspicion may have got this node declared dead.
+        self.pause_threshold = max(1.0, 2 * float(timing.get("probe_interval", 1.0)))
+        self._refutations = 0
+        self._synced: dict[str, float] = {}  # member name -> when we last push-pulled with it after a heal
+        self._syncing: set[str] = set()  # push-pulls in flight
+        self._dead_since: dict[str, float] = {}  # members held dead -> monotonic time we saw them die
+        self._next_reconnect = 0.0
         self.log = logger or logging.getLogger("nocloudlb.membership")
         self.cluster: Cluster | None = None
         self._known: set[str] = set()
@@ -266,13 +306,28 @@ class Membership:
     def _events(self) -> None:
         assert self.cluster is not None
         last_check = 0.0
+        wait = 0.25
+        last_wake = time.monotonic()
         try:
-            for ev in self.cluster.events(timeout=0.5):
+            self._refutations = self.stats().get("refutations", 0)
+            for ev in self.cluster.events(timeout=wait):
                 if self._stop.is_set():
                     return
+                now = time.monotonic()
+                late = now - last_wake - wait
+                last_wake = now
+                if late > self.pause_threshold:
+                    event(self.log, "speakerResumed", "this process did not run for a while (stopped, paused "
+                          "or starved): peers may have declared it dead", logging.WARNING, paused=round(late, 3))
+                    self._heal("resumed", self.settings.name)
+                    self._sync([m for m in self.members() if m.name != self.settings.name
+                                and m.state in ("alive", "suspect")])
                 if ev is not None:
                     self._handle(ev)
-                now = time.monotonic()
+                self._check_refuted()
+                if now >= self._next_reconnect:
+                    self._next_reconnect = now + 0.5
+                    self._reconnect_dead(now)
                 if now - last_check > 5.0:
                     last_check = now
                     self._check_decrypt()
@@ -303,6 +358,74 @@ class Membership:
         if isinstance(ev, kinship.MemberJoined) and self.join_state != "joined":
             self._joined()
         self.on_change()
+        with self._lock:
+            if isinstance(ev, kinship.MemberDead):
+                self._dead_since.setdefault(member.name, time.monotonic())
+            elif isinstance(ev, (kinship.MemberJoined, kinship.MemberRecovered, kinship.MemberLeft)):
+                self._dead_since.pop(member.name, None)
+        if member.name != self.settings.name and isinstance(ev, (kinship.MemberJoined, kinship.MemberRecovered)):
+            self._heal("memberJoined" if isinstance(ev, kinship.MemberJoined) else "memberRecovered", member.name)
+            if self.first_join_done.is_set():
+                self._sync([_view(member)])
+
+    def _reconnect_dead(self, now: float) -> None:
+        """Push-pull with the members held dead that are due (see the module docstring)."""
+        with self._lock:
+            dead = dict(self._dead_since)
+        if not dead:
+            return
+        due = []
+        for m in self.members():
+            since = dead.get(m.name)
+            if since is None or m.state != "dead" or m.name == self.settings.name:
+                continue
+            every = RECONNECT_FAST if now - since < RECONNECT_FAST_FOR else RECONNECT_SLOW
+            if now - self._synced.get(m.name, -1e9) >= every:
+                due.append(m)
+        self._sync(due, every=0.0)
+
+    def _sync(self, members: list[MemberView], every: float = 1.0) -> None:
+        """Push-pull with ``members`` in the background (see the module docstring), each at most once
+        per ``every`` seconds and never twice at the same time."""
+        now = time.monotonic()
+        with self._lock:
+            todo = [m for m in members if m.name not in self._syncing
+                    and now - self._synced.get(m.name, -1e9) >= every]
+            for m in todo:
+                self._synced[m.name] = now
+                self._syncing.add(m.name)
+        if todo:
+            threading.Thread(target=self._push_pull, args=(todo,), name="membership-sync", daemon=True).start()
+
+    def _push_pull(self, members: list[MemberView]) -> None:
+        for m in members:
+            try:
+                if self._stop.is_set() or self.cluster is None:
+                    continue
+                self.cluster.join([m.addr], timeout=2.0)
+                event(self.log, "memberlistSynced", "exchanged full state", logging.DEBUG, node=m.name,
+                      addr=m.addr, state=m.state)
+            except (kinship.KinshipError, TimeoutError, OSError, ValueError) as exc:
+                event(self.log, "memberlistSyncFailed", str(exc), logging.DEBUG, node=m.name, addr=m.addr,
+                      state=m.state)
+            finally:
+                with self._lock:
+                    self._syncing.discard(m.name)
+
+    def _heal(self, reason: str, node: str) -> None:
+        if self.on_heal is not None:
+            self.on_heal(reason, node)
+
+    def _check_refuted(self) -> None:
+        try:
+            count = self.stats().get("refutations", 0)
+        except kinship.KinshipClosed:
+            return
+        if count > self._refutations:
+            event(self.log, "memberlistRefuted", "peers suspected or declared this node dead; it refuted that",
+                  logging.WARNING, count=count - self._refutations, total=count)
+            self._refutations = count
+            self._heal("refuted", self.settings.name)
 
     def _check_decrypt(self) -> None:
         try:

@@ -20,6 +20,7 @@ Lifecycle of an address given to ``set_announced``::
     announcing: answer requests; gratuitous ARP (request + reply form) / unsolicited NA with
                 the override flag now, then ``garp_rounds - 1`` more rounds ``garp_interval`` apart
     ip no longer given ─► forgotten at once (no more answers, queued gratuitous frames dropped)
+    reannounce(ips): an announcing ip starts its gratuitous schedule again from round 0 (no check)
 
 Why ``skip_check``: the check exists for addresses nobody in the cluster announced
 before (first start, a VIP added to the config). When the daemon hands over an address
@@ -28,6 +29,12 @@ it), checking would either cost failover time (dead owner: nobody answers, ~0.3 
 or find the old leader still answering during a graceful handover and wrongly call it a
 conflict. The daemon knows which case it is in, so it passes those addresses in
 ``skip_check``.
+
+Why ``reannounce``: the announcer only announces on a *change* of its own view. When the
+cluster heals (a frozen leader thaws, a leader's link comes back, a partition merges), the
+election gives a VIP back to a node that, in its own view, never lost it, while the client's
+neighbour cache still points at the interim owner. The daemon then calls ``reannounce`` with
+the addresses it leads, and the full schedule (paced as usual) moves the clients back.
 """
 
 from __future__ import annotations
@@ -86,6 +93,7 @@ class _Vip:
     conflict: dict | None = None
     probe_no: int = 0
     probes_pending: int = 0
+    series: int = 0  # the gratuitous schedule in force; a re-announcement starts a new one
 
 
 class L2Announcer:
@@ -140,7 +148,7 @@ class L2Announcer:
         self._gen = 0
         self._conflicts: dict[str, dict] = {}
         self._counts: dict[str, Counter] = {"requests_received": Counter(), "responses_sent": Counter(),
-                                            "gratuitous_sent": Counter()}
+                                            "gratuitous_sent": Counter(), "reannounced": Counter()}
         self._sel: selectors.DefaultSelector | None = None
         self._wake_r, self._wake_w = -1, -1
         self._thread: threading.Thread | None = None
@@ -228,6 +236,38 @@ class L2Announcer:
                     self._apply_ifaces(vip, set(self._resolve(vip)), now)
         self._wake()
 
+    def reannounce(self, ips: Iterable[str]) -> list[str]:
+        """Send the gratuitous ARP / unsolicited NA schedule again for those of ``ips`` being announced.
+
+        No conflict check (the address is ours already). Interfaces are re-read first, so a link
+        that just came back is announced on at once. Each one restarts from round 0 on every
+        interface it is announced on, replacing its schedule in progress (so a burst of calls does
+        not multiply the frames); frames go through the per-interface pacing as usual. Addresses
+        not announced here (unknown, under check, in conflict) are skipped. Returns the addresses
+        re-announced, normalised. Raises ValueError naming an entry that is not an IP address.
+        """
+        wanted = []
+        for ip in ips:
+            try:
+                wanted.append(str(ipaddress.ip_address(ip)))
+            except ValueError:
+                raise ValueError(f"reannounce: {ip!r} is not an IP address") from None
+        done: list[str] = []
+        with self._lock:
+            if self._thread is not None:
+                self._rescan()  # a link that just came back (the usual reason to re-announce) is used at once
+            now = time.monotonic()
+            for ip in dict.fromkeys(wanted):
+                vip = self._vips.get(ip)
+                if vip is None or vip.state != "announcing":
+                    continue
+                self._start_series(vip, now)
+                self._counts["reannounced"][ip] += 1
+                done.append(ip)
+        if done:
+            self._wake()
+        return done
+
     def conflicts(self) -> list[dict]:
         """Addresses not announced because another MAC answered for them: ip, mac, iface, at (ISO 8601)."""
         with self._lock:
@@ -244,6 +284,7 @@ class L2Announcer:
                 "requests_received": dict(self._counts["requests_received"]),
                 "responses_sent": dict(self._counts["responses_sent"]),
                 "gratuitous_sent": dict(self._counts["gratuitous_sent"]),
+                "reannounced": dict(self._counts["reannounced"]),
                 "queued": {n: len(i.queue) for n, i in self._ifaces.items()},
                 "frames_sent": {n: dict(i.sent) for n, i in self._ifaces.items()},
             }
@@ -271,7 +312,13 @@ class L2Announcer:
             self.log.info("ipConflictCleared", extra={"event": "ipConflictCleared", "ip": vip.ip})
         for name in vip.ifaces:
             self._start_answering(vip, name)
-        self._schedule(now, "garp", vip, (0, tuple(sorted(vip.ifaces))))
+        self._start_series(vip, now)
+
+    def _start_series(self, vip: _Vip, now: float) -> None:
+        """A new gratuitous schedule on every interface of ``vip``; the rounds still due of any earlier one
+        are dropped (queued frames still leave)."""
+        vip.series += 1
+        self._schedule(now, "garp", vip, (0, tuple(sorted(vip.ifaces)), vip.series))
 
     def _start_answering(self, vip: _Vip, name: str) -> None:
         iface = self._ifaces.get(name)
@@ -300,7 +347,7 @@ class L2Announcer:
         for name in added:
             self._start_answering(vip, name)
         if added:
-            self._schedule(now, "garp", vip, (0, tuple(sorted(added))))
+            self._schedule(now, "garp", vip, (0, tuple(sorted(added)), vip.series))
 
     def _withdraw(self, ip: str) -> None:
         vip = self._vips.pop(ip)
@@ -586,7 +633,9 @@ class L2Announcer:
             elif action == "recheck" and vip.state == "conflict":
                 self._begin_check(vip, now)
             elif action == "garp" and vip.state == "announcing":
-                rnd, names = arg
+                rnd, names, series = arg
+                if series != vip.series:
+                    continue  # replaced by a newer schedule (reannounce)
                 for name in names:
                     iface = self._ifaces.get(name)
                     if iface is None or name not in vip.ifaces:
@@ -597,7 +646,7 @@ class L2Announcer:
                     else:
                         iface.queue.append((ip, gen, ndp.unsolicited_na(iface.mac, vip.packed), "gratuitous"))
                 if rnd + 1 < self.garp_rounds:
-                    self._schedule(now + self.garp_interval, "garp", vip, (rnd + 1, names))
+                    self._schedule(now + self.garp_interval, "garp", vip, (rnd + 1, names, series))
 
     def _probe_sent(self, vip: _Vip, now: float) -> None:
         """All frames of probe ``vip.probe_no`` left (pacing may delay them): time the next step from now."""
