@@ -33,6 +33,16 @@ def parse_ip(text: str) -> IPAddress:
     return ipaddress.ip_address(text)
 
 
+def _as_ip(ip: object) -> IPAddress | None:
+    """``ip`` as an address object (parsed from text as parse_ip does), or None if it is not one."""
+    if isinstance(ip, str):
+        try:
+            return parse_ip(ip)
+        except ValueError:
+            return None
+    return ip if isinstance(ip, (ipaddress.IPv4Address, ipaddress.IPv6Address)) else None
+
+
 def ip_is_buggy(ip: IPAddress) -> bool:
     """True for IPv4 addresses ending in .0 or .255 (MetalLB's avoidBuggyIPs)."""
     return ip.version == 4 and int(ip) % 256 in (0, 255)
@@ -73,12 +83,8 @@ class AddressRange:
         return int(self.end) - int(self.start) + 1
 
     def __contains__(self, ip: object) -> bool:
-        if isinstance(ip, str):
-            try:
-                ip = parse_ip(ip)
-            except ValueError:
-                return False
-        if not isinstance(ip, (ipaddress.IPv4Address, ipaddress.IPv6Address)):
+        ip = _as_ip(ip)
+        if ip is None:
             return False
         return ip.version == self.version and int(self.start) <= int(ip) <= int(self.end)
 
@@ -322,23 +328,13 @@ class Pool:
         Buggy addresses still belong to the pool (MetalLB accepts them when
         requested explicitly); ``usable`` tells whether auto-assignment may use it.
         """
-        if isinstance(ip, str):
-            try:
-                ip = parse_ip(ip)
-            except ValueError:
-                return False
-        return any(ip in r for r in self.ranges)
+        ip = _as_ip(ip)
+        return ip is not None and any(ip in r for r in self.ranges)
 
     def usable(self, ip: object) -> bool:
         """True when ``ip`` is in the pool and not skipped by avoidBuggyIPs."""
-        if isinstance(ip, str):
-            try:
-                ip = parse_ip(ip)
-            except ValueError:
-                return False
-        if not self.contains(ip):
-            return False
-        return not (self.avoid_buggy_ips and ip_is_buggy(ip))  # type: ignore[arg-type]
+        ip = _as_ip(ip)
+        return ip is not None and self.contains(ip) and not (self.avoid_buggy_ips and ip_is_buggy(ip))
 
     def families(self) -> set[int]:
         return {r.version for r in self.ranges}
