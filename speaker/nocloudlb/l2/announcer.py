@@ -57,6 +57,7 @@ from datetime import UTC, datetime
 from prometheus_client import REGISTRY, CollectorRegistry
 
 from . import arp, ndp
+from .addresses import canonical_ips
 from .bpf import open_packet_socket, set_link_multicast
 from .interfaces import EXCLUDED, Interface, interfaces
 from .metrics import l2_metrics
@@ -206,12 +207,7 @@ class L2Announcer:
             if isinstance(ifs, str) or not all(isinstance(i, str) and i for i in ifs):
                 raise ValueError(f"set_announced: interfaces of {ip} must be a list of names, got {ifs!r}")
             wanted[str(addr)] = tuple(sorted(set(ifs)))
-        skip = set()
-        for ip in skip_check:
-            try:
-                skip.add(str(ipaddress.ip_address(ip)))
-            except ValueError:
-                raise ValueError(f"set_announced: skip_check entry {ip!r} is not an IP address") from None
+        skip = set(canonical_ips(skip_check, "set_announced: skip_check entry"))
         with self._lock:
             named = {n for ifs in wanted.values() for n in ifs}
             if self._thread is not None and any(n not in self._ifaces for n in named):
@@ -246,12 +242,7 @@ class L2Announcer:
         not announced here (unknown, under check, in conflict) are skipped. Returns the addresses
         re-announced, normalised. Raises ValueError naming an entry that is not an IP address.
         """
-        wanted = []
-        for ip in ips:
-            try:
-                wanted.append(str(ipaddress.ip_address(ip)))
-            except ValueError:
-                raise ValueError(f"reannounce: {ip!r} is not an IP address") from None
+        wanted = canonical_ips(ips, "reannounce:")
         done: list[str] = []
         with self._lock:
             if self._thread is not None:

@@ -26,6 +26,7 @@ from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
 from ..state import atomic_write
+from .addresses import canonical_ips
 
 SYSCTLS = {
     "net.ipv4.conf.all.arp_ignore": "1",
@@ -80,16 +81,6 @@ def _sort_key(ip: str) -> tuple[int, int]:
     return (addr.version, int(addr))
 
 
-def _normalize(ips) -> set[str]:
-    out = set()
-    for ip in ips:
-        try:
-            out.add(str(ipaddress.ip_address(ip)))
-        except ValueError:
-            raise ValueError(f"sync_lo_vips: {ip!r} is not an IP address") from None
-    return out
-
-
 def _read_state(path: Path) -> set[str]:
     try:
         data = json.loads(path.read_text())
@@ -120,7 +111,7 @@ def sync_lo_vips(ips, state_file: str | os.PathLike = DEFAULT_STATE_FILE) -> dic
     the operator already had on lo is used as is and left in place).
     Returns ``{"added": [...], "removed": [...]}``.
     """
-    want = _normalize(ips)
+    want = set(canonical_ips(ips, "sync_lo_vips:"))
     path = Path(state_file)
     managed = _read_state(path)
     added: list[str] = []
