@@ -98,6 +98,32 @@ def test_up_after_a_crash_completes_the_lab(image) -> None:
     assert not any(leftovers("pyr").values()), leftovers("pyr")
 
 
+def test_up_repairs_half_made_namespace_handles(image) -> None:
+    """A run killed inside `ip netns add|attach` leaves /run/netns/NAME as a plain file, no mount.
+
+    Made here on purpose for a host's handle and the fabric's (whose namespace then dies with its
+    bridges): the next up must replace both, rewire the host, and say it changed something.
+    """
+    topo = {"name": "pyh", "segments": {"lan": {}},
+            "hosts": {"h1": {"interfaces": [{"segment": "lan", "addresses": ["198.51.100.41/24"]}]},
+                      "h2": {"interfaces": [{"segment": "lan", "addresses": ["198.51.100.42/24"]}]}}}
+    lab = labctl.Lab("pyh")
+    lab.down()
+    try:
+        lab.up(topo)
+        for ns in (lab.host_ns("h1"), lab.fabric_ns):
+            subprocess.run(["umount", f"/run/netns/{ns}"], check=True)
+            assert os.path.isfile(f"/run/netns/{ns}") and not labctl.netns_handle_ok(ns)
+        res = lab.up(topo)
+        assert res["changed"] is True and res["booted"] == [], res
+        assert labctl.netns_handle_ok(lab.host_ns("h1"), lab.pid("h1")) and labctl.netns_handle_ok(lab.fabric_ns)
+        assert " 0% packet loss" in lab.exec("h1", ["ping", "-c", "2", "-i", "0.2", "-W", "1", "198.51.100.42"]).stdout
+        assert lab.up(topo)["changed"] is False
+    finally:
+        lab.down()
+    assert not any(leftovers("pyh").values()), leftovers("pyh")
+
+
 def test_role_second_up_reports_no_change(image) -> None:
     env = {**os.environ, "PATH": f"{REPO / '.venv' / 'bin'}:{os.environ['PATH']}", "ANSIBLE_NOCOLOR": "1"}
 

@@ -594,8 +594,8 @@ class Lab:
             for host in topo["hosts"]:
                 h = st["hosts"].get(host, {})
                 if pid_alive(h.get("pid"), h.get("pid_start")):
-                    if self.host_ns(host) not in netns_list():  # a crash right after boot
-                        run(["ip", "netns", "attach", self.host_ns(host), str(h["pid"])])
+                    if not netns_handle_ok(self.host_ns(host), h["pid"]):  # a crash right after boot
+                        replace_netns_handle(self.host_ns(host), h["pid"])
                         changed = True
                     continue
                 self._boot_host(st, host)
@@ -614,8 +614,8 @@ class Lab:
     def _ensure_fabric(self, topo: dict[str, Any]) -> bool:
         ns = self.fabric_ns
         changed = False
-        if ns not in netns_list():
-            run(["ip", "netns", "add", ns])
+        if not netns_handle_ok(ns):  # missing, or left half-made by a crashed run
+            replace_netns_handle(ns)
             changed = True
             for key in ("net.ipv6.conf.all.disable_ipv6", "net.ipv6.conf.default.disable_ipv6"):
                 run(["ip", "netns", "exec", ns, "sysctl", "-qw", f"{key}=1"])
@@ -719,7 +719,7 @@ class Lab:
         rec["pid"], rec["pid_start"] = child, proc_start_time(child)
         rec["booted_at"] = now_iso()
         self.save_state(st)
-        run(["ip", "netns", "attach", self.host_ns(host), str(child)])
+        replace_netns_handle(self.host_ns(host), child)
 
     def _wire_host(self, st: dict[str, Any], host: str) -> bool:
         """Connect the host's interfaces to their segments and configure them; idempotent.
@@ -1302,6 +1302,34 @@ def cgroup_hierarchies() -> dict[str, tuple[Path, str]]:
 def netns_list() -> list[str]:
     d = Path("/run/netns")
     return sorted(p.name for p in d.iterdir()) if d.exists() else []
+
+
+def netns_handle_ok(name: str, pid: int | None = None) -> bool:
+    """True if /run/netns/NAME is a live namespace handle (given pid: the one of pid's netns).
+
+    `ip netns add` and `ip netns attach` create the file first and bind-mount the namespace on it
+    second: a run killed in between leaves a plain file, which `ip netns exec` refuses with
+    "setting the network namespace ... failed: Invalid argument".
+    """
+    path = Path("/run/netns") / name
+    try:
+        have = path.stat()
+    except OSError:
+        return False
+    if pid is None:
+        return str(path) in mountpoints()
+    try:
+        want = os.stat(f"/proc/{pid}/ns/net")
+    except OSError:
+        return False
+    return (have.st_dev, have.st_ino) == (want.st_dev, want.st_ino)
+
+
+def replace_netns_handle(name: str, pid: int | None = None) -> None:
+    """Drop a stale /run/netns/NAME (`ip netns del` ignores a missing mount) and make it again."""
+    if name in netns_list():
+        run(["ip", "netns", "del", name], check=False)
+    run(["ip", "netns", "attach", name, str(pid)] if pid is not None else ["ip", "netns", "add", name])
 
 
 def ip_links(ns: str) -> list[str]:
