@@ -7,7 +7,8 @@ names next, and reports:
   first_announce_s  fault -> first gratuitous ARP / unsolicited NA (or ARP reply) for the VIP
                     from the new owner's MAC, read from the capture
   http_back_s       fault -> first HTTP answer from the new owner
-  http_failed       failed HTTP requests from the fault on (0 is the drain's promise)
+  http_failed       failed HTTP requests from the fault on (0 is the drain's promise); a request
+                    with no answer within 1 s counts as failed
   longest_outage_s  longest run of failed requests
 Then it undoes the fault and waits until the original owner serves again (restored_s).
 One JSON object on stdout. Usage: measure.py --lab l2 --vip IP --port 8080 --fault kill --host n1
@@ -33,7 +34,7 @@ import os
 while time.time() < until and not os.path.exists(stop):
     t = time.time()
     try:
-        with urllib.request.urlopen(url, timeout=0.5) as r:
+        with urllib.request.urlopen(url, timeout=1.0) as r:
             body, ok = r.read().decode().strip(), True
     except Exception as exc:
         body, ok = type(exc).__name__, False
