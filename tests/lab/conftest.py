@@ -34,6 +34,12 @@ def image() -> Path:
     return path
 
 
+def one_segment(name: str, hosts: dict[str, str]) -> dict:
+    """A lab topology with one segment `lan` and the given hosts (name -> IPv4 address/prefix)."""
+    return {"name": name, "segments": {"lan": {}},
+            "hosts": {h: {"interfaces": [{"segment": "lan", "addresses": [a]}]} for h, a in hosts.items()}}
+
+
 def leftovers(name: str) -> dict[str, list[str]]:
     """Everything of lab `name` that down must remove: namespaces, mounts, cgroup dirs, state dir."""
     prefix = f"{labctl.PREFIX}-{name}-"

@@ -12,7 +12,7 @@ import time
 
 import labctl
 import pytest
-from conftest import DEFAULT_TOPOLOGY, LABCTL, REPO, labctl_cli, leftovers
+from conftest import DEFAULT_TOPOLOGY, LABCTL, REPO, labctl_cli, leftovers, one_segment
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -104,9 +104,7 @@ def test_up_repairs_half_made_namespace_handles(image) -> None:
     Made here on purpose for a host's handle and the fabric's (whose namespace then dies with its
     bridges): the next up must replace both, rewire the host, and say it changed something.
     """
-    topo = {"name": "pyh", "segments": {"lan": {}},
-            "hosts": {"h1": {"interfaces": [{"segment": "lan", "addresses": ["198.51.100.41/24"]}]},
-                      "h2": {"interfaces": [{"segment": "lan", "addresses": ["198.51.100.42/24"]}]}}}
+    topo = one_segment("pyh", {"h1": "198.51.100.41/24", "h2": "198.51.100.42/24"})
     lab = labctl.Lab("pyh")
     lab.down()
     try:
@@ -150,9 +148,7 @@ def test_role_second_up_reports_no_change(image) -> None:
 def test_cgroup_v2_only_mode(image, monkeypatch: pytest.MonkeyPatch) -> None:
     """What a machine with only the unified hierarchy gets (forced here with NLAB_CGROUP=v2)."""
     monkeypatch.setenv("NLAB_CGROUP", "v2")
-    topo = {"name": "pyv", "segments": {"lan": {}},
-            "hosts": {"a1": {"interfaces": [{"segment": "lan", "addresses": ["198.51.100.31/24"]}]},
-                      "a2": {"interfaces": [{"segment": "lan", "addresses": ["198.51.100.32/24"]}]}}}
+    topo = one_segment("pyv", {"a1": "198.51.100.31/24", "a2": "198.51.100.32/24"})
     lab = labctl.Lab("pyv")
     lab.down()
     try:

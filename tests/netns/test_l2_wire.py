@@ -206,7 +206,7 @@ def test_gratuitous_schedule_probe_and_override(lab, tmp_path):
     probes = [p for p in pkts if ARP in p and p[ARP].op == 1 and p[ARP].psrc == "0.0.0.0"]
     assert [p[ARP].pdst for p in probes] == [VIP4, VIP4], "expected 2 RFC 5227 probes"
     assert all(p[Ether].dst == "ff:ff:ff:ff:ff:ff" and p[ARP].hwdst == "00:00:00:00:00:00" for p in probes)
-    assert 0.08 <= float(probes[1].time - probes[0].time) <= 0.3
+    assert 0.08 <= float(probes[1].time - probes[0].time) <= 0.6  # check_interval 0.1 s, wide margin for a busy host
     dad = [p for p in pkts if ICMPv6ND_NS in p]
     assert len(dad) == 2 and all(p[IPv6].src == "::" and p[IPv6].dst == "ff02::1:ff00:200"
                                  and p[ICMPv6ND_NS].tgt == VIP6 for p in dad)
@@ -219,10 +219,10 @@ def test_gratuitous_schedule_probe_and_override(lab, tmp_path):
     assert [p[ARP].op for p in garp] == [1, 2] * 5
     rounds = [float(p.time) for p in garp[::2]]
     first_after_check = rounds[0] - float(probes[-1].time)
-    assert first_after_check < 0.5, f"first gratuitous ARP {first_after_check:.3f}s after the last probe"
-    assert rounds[0] - t0 < 1.0
+    assert first_after_check < 1.0, f"first gratuitous ARP {first_after_check:.3f}s after the last probe"
+    assert rounds[0] - t0 < 2.0
     gaps = [b - a for a, b in zip(rounds, rounds[1:], strict=False)]
-    assert all(0.95 <= g <= 1.35 for g in gaps), f"round gaps {gaps}"
+    assert all(0.95 <= g <= 2.0 for g in gaps), f"round gaps {gaps}"  # 1.1 s; never under the 1 s locktime
     assert rounds[-1] - rounds[0] > 1.0 * 4, "schedule must outlast the 1 s ARP locktime several times"
 
     nas = [p for p in pkts if ICMPv6ND_NA in p]
@@ -367,7 +367,8 @@ def test_pacing_bounds_rate_per_interface(make_segment, tmp_path):
     assert span >= (len(times) - burst) / rate * 0.9, f"2,500 frames in {span:.2f}s: not paced"
     print(f"pacing: {worst} frames in the busiest second, 2,500 frames over {span:.2f}s, arping rtt {rtts} ms")
     assert set_took < 1.0, f"set_announced blocked {set_took:.2f}s"
-    assert len(rtts) == 3 and max(rtts) < 50, f"ARP answers delayed by the burst: {rtts} ms"
+    # queued behind the paced burst they would wait seconds; 200 ms is a wide margin over ~1 ms
+    assert len(rtts) == 3 and max(rtts) < 200, f"ARP answers delayed by the burst: {rtts} ms"
     assert "ff02::1:ff00:5db" in _maddrs(seg, n1.ns)  # last v6 VIP's group: 1,500 groups joined
 
 

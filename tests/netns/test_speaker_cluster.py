@@ -151,7 +151,7 @@ def test_sigterm_hands_over_without_waiting_for_failure_detection(cluster, tmp_p
     garps = c.wait(lambda: cap.gratuitous(ip, c.mac(second), t_term), 5, "gratuitous ARP after SIGTERM")
     took = garps[0]["ts"] - t_term
     print(f"SIGTERM -> first gratuitous ARP from {second}: {took * 1000:.0f} ms")
-    assert took < 0.75, took  # lan's dead timer is >= 1.5 s
+    assert took < 1.0, took  # measured ~5 ms; lan's failure detection takes >= 1.5 s
     assert c.procs[first].wait(timeout=10) == 0
     st = c.status(second)
     assert {m["name"]: m["state"] for m in st["members"]}[first] == "left"
