@@ -158,6 +158,29 @@ class Segment:
             self.run(ns, ["ip", "link", "set", ifname, "up"])
         return self.mac(ns, ifname)
 
+    def attach(self, name: str, addrs: Sequence[str], mac: str | None = None) -> Host:
+        """Another host ``<prefix>-<name>`` with ``eth0`` into the bridge, the given addresses (IPv6
+        without DAD) and, if given, that MAC; for tests that want their own addresses and MACs.
+        It is added to ``hosts``, or becomes the client when ``name`` is ``c``."""
+        ns = f"{self.prefix}-{name}"
+        _add_ns(self, ns)
+        self._ports += 1
+        port = f"x{self._ports}"
+        _ip("-n", self.bridge_ns, "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", ns)
+        _ip("-n", self.bridge_ns, "link", "set", port, "master", "br0", "up")
+        script = ["ip link set lo up"] + ([f"ip link set eth0 address {mac}"] if mac else [])
+        script += [f"ip addr add {a} dev eth0" + (" nodad" if ":" in a else "") for a in addrs]
+        self.run(ns, " && ".join([*script, "ip link set eth0 up"]))
+        v4 = next((a.split("/")[0] for a in addrs if ":" not in a), "")
+        v6 = next((a.split("/")[0] for a in addrs if ":" in a), "")
+        host = Host(ns=ns, iface="eth0", ipv4=v4, ipv6=v6, mac=self.mac(ns))
+        if name == "c":
+            self.client = host
+        else:
+            self.hosts.append(host)
+        _wait_carrier(self)
+        return host
+
     # -- facts ----------------------------------------------------------------------
     def mac(self, ns: str, iface: str = "eth0") -> str:
         """MAC address of ``iface`` in ``ns`` (lowercase, colon separated)."""
@@ -221,9 +244,11 @@ def unique_prefix(prefix: str) -> str:
 
 
 def make_segment(prefix: str = "nl2", hosts: int = 3, client: bool = True) -> Segment:
-    """Build a segment (see module docstring). On any failure everything made so far is removed."""
-    if not 1 <= hosts <= 80:
-        raise ValueError(f"hosts must be between 1 and 80, got {hosts}")
+    """Build a segment (see module docstring). On any failure everything made so far is removed.
+
+    ``hosts=0, client=False`` gives a bare bridge to which ``Segment.attach`` adds hosts."""
+    if not 0 <= hosts <= 80:
+        raise ValueError(f"hosts must be between 0 and 80, got {hosts}")
     full = unique_prefix(prefix)
     seg = Segment(prefix=full, bridge_ns=f"{full}-br", hosts=[], client=Host("", "eth0", "", ""))
     try:

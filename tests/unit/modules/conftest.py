@@ -1,5 +1,5 @@
 """Fixtures for the module tests: run a module file as Ansible does (JSON args file), and a
-small layer-2 segment in network namespaces (prefix ndp-) for the wire-level modules."""
+layer-2 segment in network namespaces (prefix ndp-) for the wire-level modules."""
 
 from __future__ import annotations
 
@@ -61,48 +61,16 @@ def run_module(name: str, args: dict, netns: str | None = None, check_mode: bool
         raise AssertionError(f"module {name} printed no JSON: {detail}") from None
 
 
-def sh(*cmd: str) -> str:
-    return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-
-
-class Segment:
-    """A bridge in its own namespace and hosts attached by veth, named <prefix>-<host>."""
-
-    def __init__(self, prefix: str) -> None:
-        self.prefix = prefix
-        self.bridge_ns = f"{prefix}-br"
-        self.namespaces: list[str] = []
-        self._add_ns(self.bridge_ns)
-        sh("ip", "-n", self.bridge_ns, "link", "add", "br0", "type", "bridge")
-        sh("ip", "-n", self.bridge_ns, "link", "set", "br0", "up")
-
-    def _add_ns(self, name: str) -> None:
-        sh("ip", "netns", "add", name)
-        self.namespaces.append(name)
-        sh("ip", "-n", name, "link", "set", "lo", "up")
-
-    def host(self, name: str, mac: str, addrs: list[str]) -> str:
-        ns = f"{self.prefix}-{name}"
-        self._add_ns(ns)
-        port = f"p{len(self.namespaces)}"
-        sh("ip", "link", "add", port, "netns", self.bridge_ns, "type", "veth", "peer", "eth0", "netns", ns)
-        sh("ip", "-n", self.bridge_ns, "link", "set", port, "master", "br0", "up")
-        sh("ip", "-n", ns, "link", "set", "eth0", "address", mac, "up")
-        for addr in addrs:
-            extra = ["nodad"] if ":" in addr else []
-            sh("ip", "-n", ns, "addr", "add", addr, "dev", "eth0", *extra)
-        return ns
-
-    def close(self) -> None:
-        for ns in reversed(self.namespaces):
-            subprocess.run(["ip", "netns", "del", ns], check=False, capture_output=True)
-
-
 @pytest.fixture
 def segment():
+    """A bare bridge in namespaces (tests/netns/netns.py, prefix ndp-): tests attach the hosts they
+    need with their own MACs and addresses, Segment.attach(name, addrs, mac)."""
     if os.geteuid() != 0:
         pytest.skip("needs root for network namespaces")
-    seg = Segment(f"ndp-{uuid.uuid4().hex[:5]}")
+    sys.path.insert(0, str(ROOT / "tests" / "netns"))
+    from netns import make_segment
+
+    seg = make_segment("ndp", hosts=0, client=False)
     try:
         yield seg
     finally:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 from .conftest import run_module
 
 OWNER = "02:00:00:5e:00:21"
@@ -12,14 +10,9 @@ CLIENT = "02:00:00:5e:00:20"
 NODES = {"n1": OWNER, "n2": TWIN}
 
 
-def settle() -> None:
-    time.sleep(0.3)  # links come up
-
-
 def test_one_owner_v4_and_v6_named_by_node(segment):
-    client = segment.host("c", CLIENT, ["198.51.100.50/24", "2001:db8:1::50/64"])
-    segment.host("n1", OWNER, ["198.51.100.11/24", "198.51.100.200/24", "2001:db8:1::200/64"])
-    settle()
+    client = segment.attach("c", ["198.51.100.50/24", "2001:db8:1::50/64"], mac=CLIENT).ns
+    segment.attach("n1", ["198.51.100.11/24", "198.51.100.200/24", "2001:db8:1::200/64"], mac=OWNER)
     res = run_module("vip_owner_info", {"address": ["198.51.100.200", "2001:db8:1::200"], "nodes": NODES,
                                         "fail_on_none": True, "fail_on_multiple": True, "timeout": 0.5}, client)
     assert not res.get("failed"), res
@@ -33,10 +26,9 @@ def test_one_owner_v4_and_v6_named_by_node(segment):
 
 
 def test_two_owners_fail_on_multiple_names_both(segment):
-    client = segment.host("c", CLIENT, ["198.51.100.50/24"])
-    segment.host("n1", OWNER, ["198.51.100.200/24"])
-    segment.host("n2", TWIN, ["198.51.100.200/24"])
-    settle()
+    client = segment.attach("c", ["198.51.100.50/24"], mac=CLIENT).ns
+    segment.attach("n1", ["198.51.100.200/24"], mac=OWNER)
+    segment.attach("n2", ["198.51.100.200/24"], mac=TWIN)
     res = run_module("vip_owner_info", {"address": "198.51.100.200", "nodes": NODES, "timeout": 0.5}, client)
     assert not res.get("failed"), res
     assert sorted(a["node"] for a in res["answers"]) == ["n1", "n2"]
@@ -48,9 +40,8 @@ def test_two_owners_fail_on_multiple_names_both(segment):
 
 
 def test_free_address_and_expected_node(segment):
-    client = segment.host("c", CLIENT, ["198.51.100.50/24", "2001:db8:1::50/64"])
-    segment.host("n1", OWNER, ["198.51.100.200/24"])
-    settle()
+    client = segment.attach("c", ["198.51.100.50/24", "2001:db8:1::50/64"], mac=CLIENT).ns
+    segment.attach("n1", ["198.51.100.200/24"], mac=OWNER)
     free = run_module("vip_owner_info", {"address": ["198.51.100.201", "2001:db8:1::201"], "timeout": 0.3,
                                          "fail_on_answer": True}, client)
     assert not free.get("failed"), free
@@ -69,7 +60,7 @@ def test_free_address_and_expected_node(segment):
 
 
 def test_bad_input_is_named(segment):
-    client = segment.host("c", CLIENT, ["198.51.100.50/24"])
+    client = segment.attach("c", ["198.51.100.50/24"], mac=CLIENT).ns
     res = run_module("vip_owner_info", {"address": "198.51.100.300"}, client)
     assert res["failed"] and "'198.51.100.300' is not an IPv4 or IPv6 address" in res["msg"]
     res = run_module("vip_owner_info", {"address": "198.51.100.200", "nodes": {"n1": "zz"}}, client)
