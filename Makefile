@@ -31,7 +31,7 @@ $(VENV)/.stamp: requirements-dev.txt pyproject.toml
 venv: $(VENV)/.stamp
 
 lint: venv
-	$(BIN)/ruff check plugins speaker tests benchmarks roles/lab/files
+	$(BIN)/ruff check plugins speaker tests benchmarks roles/lab/files molecule
 	$(BIN)/mypy plugins/module_utils speaker/nocloudlb
 	$(BIN)/antsibull-changelog lint
 	scripts/collection-tree.sh ansible-lint

@@ -109,20 +109,25 @@ def with_l2(rows: list[VipRow], l2: L2View) -> list[VipRow]:
     return out
 
 
-def neighbour_macs(ips: set[str]) -> set[bytes]:
-    """Link-layer addresses the kernel's neighbour table (ARP and NDP) holds for ``ips``."""
+def neighbour_table(ips: set[str]) -> dict[str, str]:
+    """``ip -> MAC`` (lowercase, colons) from the kernel's neighbour table (ARP and NDP), for ``ips``."""
     if not ips:
-        return set()
+        return {}
     from pyroute2 import IPRoute  # noqa: PLC0415
 
-    out: set[bytes] = set()
+    out: dict[str, str] = {}
     with IPRoute() as ipr:
         for family in (socket.AF_INET, socket.AF_INET6):
             for n in ipr.get_neighbours(family=family):
                 dst, lladdr = n.get("NDA_DST"), n.get("NDA_LLADDR")
                 if dst and lladdr and str(ipaddress.ip_address(dst)) in ips and lladdr != "00:00:00:00:00:00":
-                    out.add(bytes.fromhex(lladdr.replace(":", "")))
+                    out[str(ipaddress.ip_address(dst))] = lladdr.lower()
     return out
+
+
+def neighbour_macs(ips: set[str]) -> set[bytes]:
+    """Link-layer addresses the kernel's neighbour table (ARP and NDP) holds for ``ips``."""
+    return {bytes.fromhex(mac.replace(":", "")) for mac in neighbour_table(ips).values()}
 
 
 def label_keys(parsed: Any) -> set[str]:
@@ -191,6 +196,8 @@ class Speaker:
         self._lo: set[str] = set()
         self._announced: set[str] = set()
         self._leaders: dict[str, str] = {}
+        self.handover: Any = None  # l2.handover.HandoverForwarder with the real announcer
+        self._forwarded: set[str] = set()
         self._lock = threading.Lock()
         self._stopping = False
         self._restart_pending: list[str] = []
@@ -288,6 +295,11 @@ class Speaker:
         self.announcer = factory(cfg.node_name, logging.getLogger("nocloudlb.l2"),
                                  is_peer_mac=lambda mac: mac in self.peer_macs(mac))
         self.announcer.start()
+        if self._announcer_factory is None:
+            from .l2.handover import HandoverForwarder  # noqa: PLC0415
+
+            self.handover = HandoverForwarder(logging.getLogger("nocloudlb.l2"))
+            self.handover.start()
 
         from .control import ControlServer
         from .metrics import serve
@@ -350,6 +362,8 @@ class Speaker:
         if self.announcer is not None:
             self.announcer.set_announced({})
             self.announcer.stop()
+        if self.handover is not None:
+            self.handover.close()
         for key, (announcing, _reason) in self._prev.items():
             if announcing:
                 logs.event(log, "serviceWithdrawn", service=key[0], ip=key[1], reason="shutdown")
@@ -412,6 +426,8 @@ class Speaker:
         joined = self.membership.first_join_done.is_set()
         refused = self.membership.join_state == "joinFailed" and self.membership.join_refused
         skip: set[str] = set()
+        handed: dict[str, str] = {}
+        states = {n.name: n.state for n in nodes}
         announce: dict[str, list[str] | None] = {}
         lo: set[str] = set()
         for svc in parsed.services:
@@ -434,6 +450,8 @@ class Speaker:
                     before = self._leaders.get(ip)
                     if before and before != me:
                         skip.add(ip)
+                        if states.get(before) == "alive":
+                            handed[ip] = before  # a planned move: its in-flight connections go on there
                 mine = [a for a in ads if a.selects_service(svc.labels) and a.selects_node(my_labels)]
                 ifaces: list[str] = []
                 if any(not a.interfaces for a in mine):
@@ -453,6 +471,8 @@ class Speaker:
                 rows.append(VipRow(ip, svc.key, pool.name, leader, reason == "", reason, ifaces, bool(mine)))
         final = {ip: v or [] for ip, v in announce.items()}
         assert self.announcer is not None and self._delivery is not None
+        if self.handover is not None:
+            self._handover(final, handed)
         self.announcer.set_announced(final, skip_check=skip & set(final))
         self._announced = set(final)
         self._leaders = {r.ip: r.leader for r in rows if r.leader}
@@ -485,6 +505,27 @@ class Speaker:
                        reasons=sorted(reasons), nodes=sorted(set().union(*reasons.values())), count=len(ips),
                        ips=ips[:50], node=self.cfg.node_name if self.cfg else "")
         return ips
+
+    def _handover(self, final: dict[str, list[str]], handed: dict[str, str]) -> None:
+        """Before announcing VIPs taken over from a live member, forward the TCP connections still in
+        flight to it (l2/handover.py); end the forwarding of VIPs this node no longer leads."""
+        assert self.handover is not None and self.announcer is not None
+        for ip in sorted(self._forwarded - set(final)):
+            self.handover.stop_forwarding(ip)
+            self._forwarded.discard(ip)
+        handed = {ip: n for ip, n in handed.items() if ip in final}
+        if not handed:
+            return
+        members = self.membership.members() if self.membership else []
+        addrs = {m.name: m.addr.rpartition(":")[0].strip("[]") for m in members if m.name in handed.values()}
+        try:
+            macs = neighbour_table(set(addrs.values()))
+        except (OSError, ValueError) as exc:
+            logs.event(log, "neighboursFailed", f"cannot read the neighbour table: {exc}", logging.WARNING)
+            return
+        all_ifaces = self.announcer.stats().get("interfaces", [])
+        moves = {ip: (macs.get(addrs.get(n, ""), ""), final[ip] or all_ifaces) for ip, n in handed.items()}
+        self._forwarded.update(self.handover.forward(moves))
 
     def peer_macs(self, mac: bytes | None = None) -> frozenset[bytes]:
         """MACs of the members' gossip addresses, from the kernel's neighbour table (kinship talks to

@@ -7,13 +7,16 @@ Uses the ``fast`` profile (dead in ~0.6-0.95 s) so the whole file stays short.
 from __future__ import annotations
 
 import datetime
+import json
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
+from netns import Segment
 from nocloudlb.core.election import DRAIN_LABEL, election_order
 from nocloudlb.membership import generate_key
 from speaker_harness import Capture, SpeakerCluster, pool_docs, service_doc, spread_vips
@@ -41,6 +44,22 @@ def cluster(make_segment, tmp_path):
         return SpeakerCluster(seg, tmp_path, profile=profile, resources=resources_for(vips, extra), **kw)
 
     return build
+
+
+@pytest.fixture
+def running(cluster, tmp_path):
+    """Three speakers up with VIPs spread over them, the first VIP answered, a capture on the
+    segment: returns (cluster, that VIP, its leader, the next node in its order, capture)."""
+    def start(profile: str = "fast") -> tuple[SpeakerCluster, str, str, str, Capture]:
+        vips = spread_vips(NODES)
+        c = cluster(vips, profile=profile)
+        c.start_all()
+        ip = next(iter(vips))
+        first, second = election_order(NODES, ip)[:2]
+        c.wait(lambda: c.probe(ip), 5, "first answer")
+        return c, ip, first, second, Capture(c.seg, tmp_path / "cap.txt")
+
+    return start
 
 
 def test_one_answer_per_vip_from_the_elected_mac(cluster, tmp_path):
@@ -94,18 +113,12 @@ def test_one_answer_per_vip_from_the_elected_mac(cluster, tmp_path):
     assert "nocloudlb_layer2_requests_received_total" in text
 
 
-def test_kill9_failover_then_restarted_node_takes_its_vip_back(cluster, tmp_path):
-    vips = spread_vips(NODES)
-    c = cluster(vips)
-    c.start_all()
-    ip = next(iter(vips))
-    first, second = election_order(NODES, ip)[:2]
-    c.wait(lambda: c.probe(ip), 5, "first answer")
-    cap = Capture(c.seg, tmp_path / "cap.txt")
+def test_kill9_failover_then_restarted_node_takes_its_vip_back(running):
+    c, ip, first, second, cap = running()
     # the client talks to the VIP; its ARP cache now points at the leader
     c.seg.run(c.seg.client.ns, f"ping -c 2 -i 0.2 -W 1 {ip}")
     t_kill = c.stop(first, signal.SIGKILL)
-    garps = c.wait(lambda: c.gratuitous_from(cap, ip, second, t_kill), 5, f"gratuitous ARP from {second}")
+    garps = c.wait(lambda: cap.gratuitous(ip, c.mac(second), t_kill), 5, f"gratuitous ARP from {second}")
     took = garps[0]["ts"] - t_kill
     print(f"kill -9 -> first gratuitous ARP from {second}: {took * 1000:.0f} ms")
     assert took < 3.0  # fast profile: dead after ~0.6-0.95 s
@@ -122,7 +135,7 @@ def test_kill9_failover_then_restarted_node_takes_its_vip_back(cluster, tmp_path
     t_restart = time.time()
     c.start(first)
     c.wait(lambda: c.announcing(first, ip), 15, f"{first} announcing {ip} again")
-    c.wait(lambda: c.gratuitous_from(cap, ip, first, t_restart), 5, f"gratuitous ARP from {first}")
+    c.wait(lambda: cap.gratuitous(ip, c.mac(first), t_restart), 5, f"gratuitous ARP from {first}")
     c.wait(lambda: not c.announcing(second, ip), 5, f"{second} withdrew {ip}")
     assert c.vip(second, ip)["reason"] == "notOwner" and c.vip(second, ip)["leader"] == first
     withdrawn = [e for e in c.events(second, "serviceWithdrawn") if e["ip"] == ip]
@@ -135,18 +148,9 @@ def cap_wait_icmp(c: SpeakerCluster, cap: Capture, ip: str, after: float) -> lis
     return c.wait(lambda: cap.icmp_replies(ip, after), 3, f"echo replies from {ip}")
 
 
-SpeakerCluster.gratuitous_from = lambda self, cap, ip, node, after: cap.gratuitous(ip, self.mac(node), after)
-
-
-def test_sigterm_hands_over_without_waiting_for_failure_detection(cluster, tmp_path):
-    vips = spread_vips(NODES)
+def test_sigterm_hands_over_without_waiting_for_failure_detection(running):
     # lan profile: a crash takes ~1.5-2.5 s to detect; a graceful leave must be far faster
-    c = cluster(vips, profile="lan")
-    c.start_all()
-    ip = next(iter(vips))
-    first, second = election_order(NODES, ip)[:2]
-    c.wait(lambda: c.probe(ip), 5, "first answer")
-    cap = Capture(c.seg, tmp_path / "cap.txt")
+    c, ip, first, second, cap = running("lan")
     t_term = c.send_signal(first, signal.SIGTERM)
     garps = c.wait(lambda: cap.gratuitous(ip, c.mac(second), t_term), 5, "gratuitous ARP after SIGTERM")
     took = garps[0]["ts"] - t_term
@@ -158,14 +162,8 @@ def test_sigterm_hands_over_without_waiting_for_failure_detection(cluster, tmp_p
     assert [a["mac"] for a in c.probe(ip)] == [c.mac(second)]
 
 
-def test_drain_label_moves_vip_without_losing_a_ping_and_persists(cluster, tmp_path):
-    vips = spread_vips(NODES)
-    c = cluster(vips)
-    c.start_all()
-    ip = next(iter(vips))
-    first, second = election_order(NODES, ip)[:2]
-    c.wait(lambda: c.probe(ip), 5, "first answer")
-    cap = Capture(c.seg, tmp_path / "cap.txt")
+def test_drain_label_moves_vip_without_losing_a_ping_and_persists(running):
+    c, ip, first, second, cap = running()
     ping = c.seg.popen(c.seg.client.ns, ["ping", "-n", "-i", "0.01", "-c", "400", "-W", "1", ip])
     time.sleep(1.0)
     t_drain = time.time()
@@ -190,6 +188,72 @@ def test_drain_label_moves_vip_without_losing_a_ping_and_persists(cluster, tmp_p
         [sys.executable, "-m", "nocloudlb.cli", "label", "--socket", c.sock(first), "unset", DRAIN_LABEL],
         capture_output=True, timeout=10, check=False).returncode == 0
     c.wait(lambda: c.announcing(first, ip), 5, "undrained node announcing again")
+
+
+SLOW_HTTP = r"""
+import http.server, socket, sys, time
+name = sys.argv[1]
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        time.sleep(0.05)  # a slow answer: some connection is always in flight when the VIP moves
+        body = (name + "\n").encode()
+        self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args): pass
+class S(http.server.ThreadingHTTPServer):
+    address_family = socket.AF_INET6
+S(("::", 8090), H).serve_forever()
+"""
+
+POLL_HTTP = r"""
+import json, sys, time, urllib.request
+url, end = sys.argv[1], time.time() + float(sys.argv[2])
+while time.time() < end:
+    t = time.time()
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            print(json.dumps({"t": t, "ok": True, "body": r.read().decode().strip()}), flush=True)
+    except Exception as exc:
+        print(json.dumps({"t": t, "ok": False, "body": f"{type(exc).__name__}: {exc}"}), flush=True)
+"""
+
+
+def test_drain_and_undrain_keep_connections_in_flight(running):
+    """Each planned move flips the client's ARP entry while a 50 ms request is in flight to the old
+    owner; the new owner passes that connection on (l2/handover.py) instead of resetting it."""
+    c, ip, first, second, dummy_cap = running()
+    for name in NODES:
+        c.seg.popen(c.host(name).ns, [sys.executable, "-u", "-c", SLOW_HTTP, name])
+    c.wait(lambda: c.seg.run(c.seg.client.ns, ["curl", "-s", "-m", "2", f"http://{ip}:8090/"],
+                             check=False).stdout.strip() == first, 10, "slow HTTP served by the leader")
+    poll = c.seg.popen(c.seg.client.ns, [sys.executable, "-u", "-c", POLL_HTTP, f"http://{ip}:8090/", "60"])
+    samples: list[dict] = []
+    reader = threading.Thread(target=lambda: samples.extend(json.loads(x) for x in poll.stdout), daemon=True)
+    reader.start()
+
+    def served_by(node: str, since: float) -> bool:
+        return sum(1 for s in list(samples) if s["t"] > since and s["ok"] and s["body"] == node) >= 3
+
+    cli = [sys.executable, "-m", "nocloudlb.cli", "label", "--socket", c.sock(first)]
+    for _dummy_round in range(2):
+        t = time.time()
+        assert subprocess.run([*cli, "set", f"{DRAIN_LABEL}=true"], capture_output=True, timeout=10,
+                              check=False).returncode == 0
+        c.wait(lambda t=t: served_by(second, t), 10, f"{second} serving after the drain")
+        forwarded = c.seg.run(c.host(second).ns, ["nft", "list", "map", "netdev", "nocloudlb_handover", "prev4"]).stdout
+        assert ip in forwarded and c.mac(first) in forwarded, forwarded
+        time.sleep(1.5)
+        t = time.time()
+        assert subprocess.run([*cli, "unset", DRAIN_LABEL], capture_output=True, timeout=10,
+                              check=False).returncode == 0
+        c.wait(lambda t=t: served_by(first, t), 10, f"{first} serving again after the undrain")
+        time.sleep(1.5)
+    Segment.kill(poll)
+    reader.join(timeout=5)
+    flips = sum(1 for a, b in zip(samples, samples[1:], strict=False) if a["ok"] and b["ok"] and a["body"] != b["body"])
+    failed = [s for s in samples if not s["ok"]]
+    print(f"{len(samples)} slow requests, {flips} owner changes, {len(failed)} failed")
+    assert flips >= 4 and not failed, failed[:5]
 
 
 def test_wrong_gossip_key_cannot_join_and_says_why(cluster):

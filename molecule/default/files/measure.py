@@ -10,6 +10,8 @@ names next, and reports:
   http_failed       failed HTTP requests from the fault on (0 is the drain's promise); a request
                     with no answer within 1 s counts as failed
   longest_outage_s  longest run of failed requests
+  failures          each failed request: seconds after the fault, and the error
+  served_by         [seconds after the fault, node] each time the node serving the VIP changed
 Then it undoes the fault and waits until the original owner serves again (restored_s).
 One JSON object on stdout. Usage: measure.py --lab l2 --vip IP --port 8080 --fault kill --host n1
 """
@@ -37,7 +39,7 @@ while time.time() < until and not os.path.exists(stop):
         with urllib.request.urlopen(url, timeout=1.0) as r:
             body, ok = r.read().decode().strip(), True
     except Exception as exc:
-        body, ok = type(exc).__name__, False
+        body, ok = f"{type(exc).__name__}: {exc}"[:160], False
     print(json.dumps({"t": t, "ok": ok, "body": body}), flush=True)
     time.sleep(max(0.0, interval - (time.time() - t)))
 """
@@ -180,6 +182,14 @@ def main() -> int:
         result["new_owner_http"] = next((s["body"] for s in reversed(samples) if s["ok"]), None)
         result["http_back_s"] = round(t_back - t_fault, 3) if t_back else None
         result["http_requests"], (result["http_failed"], result["longest_outage_s"]) = len(samples), outage(samples)
+        # for a report that has to explain itself: each failed request, and when the serving node changed
+        result["failures"] = [{"t": round(s["t"] - t_fault, 3), "error": s["body"]}
+                              for s in samples if not s["ok"]][:20]
+        result["served_by"], last = [], None
+        for s in samples:
+            if s["ok"] and s["body"] != last:
+                result["served_by"].append([round(s["t"] - t_fault, 3), s["body"]])
+                last = s["body"]
     finally:
         labctl(a.lab, "capture", "stop", capture["name"], check=False)
     events = json.loads(labctl(a.lab, "capture", "read", capture["pcap"], "--kinds", "arp,ndp"))
