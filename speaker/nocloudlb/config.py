@@ -7,6 +7,7 @@ Shape (YAML), see docs/speaker.md::
     stateDir: /var/lib/nocloudlb
     socket: /run/nocloudlb/speaker.sock
     metrics: {bind: "0.0.0.0:7472"}      # "" disables
+    handover: {grace: 30}                # seconds in-flight connections follow a planned move; 0 = off
     logLevel: info
     resources: [ ...MetalLB documents... ]
 
@@ -35,7 +36,7 @@ DEFAULT_PATH = "/etc/nocloudlb/config.yaml"
 DEFAULT_STATE_DIR = "/var/lib/nocloudlb"
 DEFAULT_SOCKET = "/run/nocloudlb/speaker.sock"
 DEFAULT_METRICS = "0.0.0.0:7472"
-TOP_KEYS = {"node", "memberlist", "stateDir", "socket", "metrics", "logLevel", "resources"}
+TOP_KEYS = {"node", "memberlist", "stateDir", "socket", "metrics", "handover", "logLevel", "resources"}
 
 
 def now_iso() -> str:
@@ -60,6 +61,7 @@ class SpeakerConfig:
     digest: str  # sha256 (8 hex) of the canonical resources list
     path: str = ""
     loaded_at: str = field(default_factory=now_iso)
+    handover_grace: float = 30.0  # l2/handover.py; 0 turns it off
 
 
 def _addr_problem(where: str, value: Any) -> str | None:
@@ -184,6 +186,17 @@ def parse(data: Any, path: str = "") -> SpeakerConfig:
             if problem:
                 errors.append(problem)
 
+    handover = data.get("handover") or {}
+    handover_grace = 30.0
+    if not isinstance(handover, dict) or set(handover) - {"grace"}:
+        errors.append(f"handover: must be a mapping like {{grace: 30}}, got {handover!r}")
+    else:
+        grace = handover.get("grace", 30)
+        if isinstance(grace, bool) or not isinstance(grace, (int, float)) or not 0 <= grace <= 3600:
+            errors.append(f"handover.grace: {grace!r} must be a number of seconds from 0 (off) to 3600")
+        else:
+            handover_grace = float(grace)
+
     resources = data.get("resources") or []
     parsed = None
     if not isinstance(resources, list):
@@ -200,7 +213,7 @@ def parse(data: Any, path: str = "") -> SpeakerConfig:
         node_name=name, node_labels=labels, bind=bind, join=join, key_file=key_file, profile=profile,
         overrides=overrides, state_dir=state_dir, socket=sock, metrics_bind=metrics_bind,
         log_level=log_level.lower(), resources=resources, parsed=parsed, digest=resources_digest(resources),
-        path=path,
+        path=path, handover_grace=handover_grace,
     )
 
 

@@ -55,7 +55,8 @@ log = logging.getLogger("nocloudlb.speaker")
 REANNOUNCED = Counter("nocloudlb_speaker_reannounced",
                       "Times this node re-announced the VIPs it leads after the cluster healed", ["reason"])
 
-RESTART_FIELDS = ("node_name", "bind", "join", "profile", "overrides", "socket", "metrics_bind", "state_dir")
+RESTART_FIELDS = ("node_name", "bind", "join", "profile", "overrides", "socket", "metrics_bind", "state_dir",
+                  "handover_grace")
 
 
 @dataclass
@@ -298,8 +299,9 @@ class Speaker:
         if self._announcer_factory is None:
             from .l2.handover import HandoverForwarder  # noqa: PLC0415
 
-            self.handover = HandoverForwarder(logging.getLogger("nocloudlb.l2"))
-            self.handover.start()
+            if cfg.handover_grace > 0:
+                self.handover = HandoverForwarder(logging.getLogger("nocloudlb.l2"), grace=cfg.handover_grace)
+                self.handover.start()
 
         from .control import ControlServer
         from .metrics import serve

@@ -14,6 +14,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -203,6 +204,72 @@ class SpeakerCluster:
 
     def owner_of(self, mac: str) -> str | None:
         return next((n for n in self.names if self.mac(n) == mac), None)
+
+
+SLOW_HTTP = r"""
+import http.server, socket, sys, time
+name = sys.argv[1]
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        time.sleep(0.05)  # a slow answer: some connection is always in flight when the VIP moves
+        body = (name + "\n").encode()
+        self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args): pass
+class S(http.server.ThreadingHTTPServer):
+    address_family = socket.AF_INET6
+S(("::", 8090), H).serve_forever()
+"""
+
+POLL_HTTP = r"""
+import json, sys, time, urllib.request
+url, end = sys.argv[1], time.time() + float(sys.argv[2])
+while time.time() < end:
+    t = time.time()
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            print(json.dumps({"t": t, "ok": True, "body": r.read().decode().strip()}), flush=True)
+    except Exception as exc:
+        print(json.dumps({"t": t, "ok": False, "body": f"{type(exc).__name__}: {exc}"}), flush=True)
+"""
+
+
+def start_slow_http(c: SpeakerCluster, port: int = 8090) -> None:
+    """On every node an HTTP server on [::]:port whose answers (the node's name) take 50 ms, so some
+    connection is always in flight; killed with the segment."""
+    for name in c.names:
+        c.seg.popen(c.host(name).ns, [sys.executable, "-u", "-c", SLOW_HTTP.replace("8090", str(port)), name])
+
+
+class HttpPoller:
+    """GET ``url`` from the client back to back for ``seconds``; ``samples`` has each answer or error."""
+
+    def __init__(self, seg: Segment, url: str, seconds: float) -> None:
+        self.proc = seg.popen(seg.client.ns, [sys.executable, "-u", "-c", POLL_HTTP, url, str(seconds)])
+        self.samples: list[dict] = []
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.samples.append(json.loads(line))
+
+    def served_by(self, node: str, since: float, streak: int = 3) -> bool:
+        return sum(1 for s in list(self.samples) if s["t"] > since and s["ok"] and s["body"] == node) >= streak
+
+    def stop(self) -> None:
+        Segment.kill(self.proc)
+        self.thread.join(timeout=5)
+
+    @property
+    def failed(self) -> list[dict]:
+        return [s for s in self.samples if not s["ok"]]
+
+    @property
+    def moves(self) -> int:
+        ok = [s["body"] for s in self.samples if s["ok"]]
+        return sum(1 for a, b in zip(ok, ok[1:], strict=False) if a != b)
 
 
 class Capture:

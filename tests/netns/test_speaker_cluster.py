@@ -7,19 +7,24 @@ Uses the ``fast`` profile (dead in ~0.6-0.95 s) so the whole file stays short.
 from __future__ import annotations
 
 import datetime
-import json
 import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
-from netns import Segment
 from nocloudlb.core.election import DRAIN_LABEL, election_order
 from nocloudlb.membership import generate_key
-from speaker_harness import Capture, SpeakerCluster, pool_docs, service_doc, spread_vips
+from speaker_harness import (
+    Capture,
+    HttpPoller,
+    SpeakerCluster,
+    pool_docs,
+    service_doc,
+    spread_vips,
+    start_slow_http,
+)
 
 pytestmark = pytest.mark.timeout(120)
 NODES = ["n1", "n2", "n3"]
@@ -190,70 +195,31 @@ def test_drain_label_moves_vip_without_losing_a_ping_and_persists(running):
     c.wait(lambda: c.announcing(first, ip), 5, "undrained node announcing again")
 
 
-SLOW_HTTP = r"""
-import http.server, socket, sys, time
-name = sys.argv[1]
-class H(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        time.sleep(0.05)  # a slow answer: some connection is always in flight when the VIP moves
-        body = (name + "\n").encode()
-        self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers()
-        self.wfile.write(body)
-    def log_message(self, *args): pass
-class S(http.server.ThreadingHTTPServer):
-    address_family = socket.AF_INET6
-S(("::", 8090), H).serve_forever()
-"""
-
-POLL_HTTP = r"""
-import json, sys, time, urllib.request
-url, end = sys.argv[1], time.time() + float(sys.argv[2])
-while time.time() < end:
-    t = time.time()
-    try:
-        with urllib.request.urlopen(url, timeout=2) as r:
-            print(json.dumps({"t": t, "ok": True, "body": r.read().decode().strip()}), flush=True)
-    except Exception as exc:
-        print(json.dumps({"t": t, "ok": False, "body": f"{type(exc).__name__}: {exc}"}), flush=True)
-"""
-
-
 def test_drain_and_undrain_keep_connections_in_flight(running):
     """Each planned move flips the client's ARP entry while a 50 ms request is in flight to the old
     owner; the new owner passes that connection on (l2/handover.py) instead of resetting it."""
     c, ip, first, second, dummy_cap = running()
-    for name in NODES:
-        c.seg.popen(c.host(name).ns, [sys.executable, "-u", "-c", SLOW_HTTP, name])
+    start_slow_http(c)
     c.wait(lambda: c.seg.run(c.seg.client.ns, ["curl", "-s", "-m", "2", f"http://{ip}:8090/"],
                              check=False).stdout.strip() == first, 10, "slow HTTP served by the leader")
-    poll = c.seg.popen(c.seg.client.ns, [sys.executable, "-u", "-c", POLL_HTTP, f"http://{ip}:8090/", "60"])
-    samples: list[dict] = []
-    reader = threading.Thread(target=lambda: samples.extend(json.loads(x) for x in poll.stdout), daemon=True)
-    reader.start()
-
-    def served_by(node: str, since: float) -> bool:
-        return sum(1 for s in list(samples) if s["t"] > since and s["ok"] and s["body"] == node) >= 3
-
+    poll = HttpPoller(c.seg, f"http://{ip}:8090/", 60)
     cli = [sys.executable, "-m", "nocloudlb.cli", "label", "--socket", c.sock(first)]
     for _dummy_round in range(2):
         t = time.time()
         assert subprocess.run([*cli, "set", f"{DRAIN_LABEL}=true"], capture_output=True, timeout=10,
                               check=False).returncode == 0
-        c.wait(lambda t=t: served_by(second, t), 10, f"{second} serving after the drain")
+        c.wait(lambda t=t: poll.served_by(second, t), 10, f"{second} serving after the drain")
         forwarded = c.seg.run(c.host(second).ns, ["nft", "list", "map", "netdev", "nocloudlb_handover", "prev4"]).stdout
         assert ip in forwarded and c.mac(first) in forwarded, forwarded
         time.sleep(1.5)
         t = time.time()
         assert subprocess.run([*cli, "unset", DRAIN_LABEL], capture_output=True, timeout=10,
                               check=False).returncode == 0
-        c.wait(lambda t=t: served_by(first, t), 10, f"{first} serving again after the undrain")
+        c.wait(lambda t=t: poll.served_by(first, t), 10, f"{first} serving again after the undrain")
         time.sleep(1.5)
-    Segment.kill(poll)
-    reader.join(timeout=5)
-    flips = sum(1 for a, b in zip(samples, samples[1:], strict=False) if a["ok"] and b["ok"] and a["body"] != b["body"])
-    failed = [s for s in samples if not s["ok"]]
-    print(f"{len(samples)} slow requests, {flips} owner changes, {len(failed)} failed")
-    assert flips >= 4 and not failed, failed[:5]
+    poll.stop()
+    print(f"{len(poll.samples)} slow requests, {poll.moves} owner changes, {len(poll.failed)} failed")
+    assert poll.moves >= 4 and not poll.failed, poll.failed[:5]
 
 
 def test_wrong_gossip_key_cannot_join_and_says_why(cluster):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import pytest
 import yaml
@@ -55,6 +56,25 @@ def test_every_problem_reported_at_once_with_field_and_value():
                    "memberlist.bind: 'nope'", "memberlist.join[0]: '1.2.3.4:99999'", "memberlist.profile: 'slow'",
                    "unknown key 'probeIntervall'", "198.51.100.300/32"):
         assert needle in text, (needle, text)
+
+
+@pytest.mark.parametrize(("handover", "grace", "error"), [
+    (None, 30.0, None),
+    ({"grace": 0}, 0.0, None),
+    ({"grace": 7.5}, 7.5, None),
+    ({"grace": -1}, None, "handover.grace: -1 must be a number of seconds from 0 (off) to 3600"),
+    ({"grace": "30"}, None, "handover.grace: '30' must be a number"),
+    ({"grace": True}, None, "handover.grace: True must be a number"),
+    ({"grase": 3}, None, "handover: must be a mapping like {grace: 30}, got {'grase': 3}"),
+    ([30], None, "handover: must be a mapping"),
+])
+def test_handover_grace(handover, grace, error):
+    doc = base() if handover is None else base(handover=handover)
+    if error:
+        with pytest.raises(ConfigError, match=re.escape(error)):
+            parse(doc)
+    else:
+        assert parse(doc).handover_grace == grace
 
 
 def test_kinship_rejects_bad_timing_naming_the_field():
