@@ -1,9 +1,10 @@
 """Handover forwarding: no reset for TCP connections in flight when a VIP moves on purpose.
 
-When a VIP moves while its old owner stays up (a drain, an undrain, a restarted node taking its
-VIPs back), the client's ARP/NDP entry flips to the new owner's MAC at the first gratuitous
-announcement. A connection the client opened to the old owner just before is still in flight; its
-next packets now reach the new owner, which has no socket for it and answers with a RST.
+When a VIP moves while its old owner stays up and this node saw it lead (a drain, an undrain,
+so also each node of a rolling restart), the client's ARP/NDP entry flips to the new owner's MAC
+at the first gratuitous announcement. A connection the client opened to the old owner just before
+is still in flight; its next packets now reach the new owner, which has no socket for it and
+answers with a RST.
 
 For ``grace`` seconds after such a move the new owner passes those packets on to the old owner, at
 layer 2, from an nftables ``netdev`` ingress hook on the announcing interface::
