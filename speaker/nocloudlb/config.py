@@ -36,6 +36,7 @@ DEFAULT_PATH = "/etc/nocloudlb/config.yaml"
 DEFAULT_STATE_DIR = "/var/lib/nocloudlb"
 DEFAULT_SOCKET = "/run/nocloudlb/speaker.sock"
 DEFAULT_METRICS = "0.0.0.0:7472"
+DEFAULT_HANDOVER_GRACE = 30.0  # seconds; l2/handover.py
 TOP_KEYS = {"node", "memberlist", "stateDir", "socket", "metrics", "handover", "logLevel", "resources"}
 
 
@@ -61,7 +62,7 @@ class SpeakerConfig:
     digest: str  # sha256 (8 hex) of the canonical resources list
     path: str = ""
     loaded_at: str = field(default_factory=now_iso)
-    handover_grace: float = 30.0  # l2/handover.py; 0 turns it off
+    handover_grace: float = DEFAULT_HANDOVER_GRACE  # 0 turns it off
 
 
 def _addr_problem(where: str, value: Any) -> str | None:
@@ -187,11 +188,11 @@ def parse(data: Any, path: str = "") -> SpeakerConfig:
                 errors.append(problem)
 
     handover = data.get("handover") or {}
-    handover_grace = 30.0
+    handover_grace = DEFAULT_HANDOVER_GRACE
     if not isinstance(handover, dict) or set(handover) - {"grace"}:
         errors.append(f"handover: must be a mapping like {{grace: 30}}, got {handover!r}")
     else:
-        grace = handover.get("grace", 30)
+        grace = handover.get("grace", DEFAULT_HANDOVER_GRACE)
         if isinstance(grace, bool) or not isinstance(grace, (int, float)) or not 0 <= grace <= 3600:
             errors.append(f"handover.grace: {grace!r} must be a number of seconds from 0 (off) to 3600")
         else:

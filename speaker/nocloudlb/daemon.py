@@ -121,9 +121,19 @@ def neighbour_table(ips: set[str]) -> dict[str, str]:
         for family in (socket.AF_INET, socket.AF_INET6):
             for n in ipr.get_neighbours(family=family):
                 dst, lladdr = n.get("NDA_DST"), n.get("NDA_LLADDR")
-                if dst and lladdr and str(ipaddress.ip_address(dst)) in ips and lladdr != "00:00:00:00:00:00":
-                    out[str(ipaddress.ip_address(dst))] = lladdr.lower()
+                if dst and lladdr and lladdr != "00:00:00:00:00:00":
+                    ip = str(ipaddress.ip_address(dst))
+                    if ip in ips:
+                        out[ip] = lladdr.lower()
     return out
+
+
+def member_ip(addr: str) -> str | None:
+    """The IP of a member's gossip address "ip:port" or "[ip6]:port"; None for a host name."""
+    try:
+        return str(ipaddress.ip_address(addr.rpartition(":")[0].strip("[]")))
+    except ValueError:
+        return None
 
 
 def neighbour_macs(ips: set[str]) -> set[bytes]:
@@ -296,12 +306,11 @@ class Speaker:
         self.announcer = factory(cfg.node_name, logging.getLogger("nocloudlb.l2"),
                                  is_peer_mac=lambda mac: mac in self.peer_macs(mac))
         self.announcer.start()
-        if self._announcer_factory is None:
+        if self._announcer_factory is None and cfg.handover_grace > 0:
             from .l2.handover import HandoverForwarder  # noqa: PLC0415
 
-            if cfg.handover_grace > 0:
-                self.handover = HandoverForwarder(logging.getLogger("nocloudlb.l2"), grace=cfg.handover_grace)
-                self.handover.start()
+            self.handover = HandoverForwarder(logging.getLogger("nocloudlb.l2"), grace=cfg.handover_grace)
+            self.handover.start()
 
         from .control import ControlServer
         from .metrics import serve
@@ -512,14 +521,14 @@ class Speaker:
         """Before announcing VIPs taken over from a live member, forward the TCP connections still in
         flight to it (l2/handover.py); end the forwarding of VIPs this node no longer leads."""
         assert self.handover is not None and self.announcer is not None
-        for ip in sorted(self._forwarded - set(final)):
-            self.handover.stop_forwarding(ip)
-            self._forwarded.discard(ip)
+        lost = sorted(self._forwarded - set(final))
+        self.handover.stop_forwarding(lost)
+        self._forwarded.difference_update(lost)
         handed = {ip: n for ip, n in handed.items() if ip in final}
         if not handed:
             return
         members = self.membership.members() if self.membership else []
-        addrs = {m.name: m.addr.rpartition(":")[0].strip("[]") for m in members if m.name in handed.values()}
+        addrs = {m.name: ip for m in members if m.name in handed.values() and (ip := member_ip(m.addr))}
         try:
             macs = neighbour_table(set(addrs.values()))
         except (OSError, ValueError) as exc:
@@ -540,11 +549,9 @@ class Speaker:
             ips: set[str] = set()
             me = self.cfg.node_name if self.cfg else ""
             for m in self.membership.members() if self.membership else []:
-                try:
-                    if m.name != me:
-                        ips.add(str(ipaddress.ip_address(m.addr.rpartition(":")[0].strip("[]"))))
-                except ValueError:
-                    continue  # a member known by host name: no neighbour entry to match
+                ip = member_ip(m.addr)  # None for a member known by host name: no neighbour entry to match
+                if m.name != me and ip:
+                    ips.add(ip)
             try:
                 self._peer_macs = frozenset(neighbour_macs(ips))
             except (OSError, ValueError) as exc:

@@ -30,7 +30,11 @@ import threading
 from pathlib import Path
 
 TABLE = "nocloudlb_handover"
-DEFAULT_GRACE = 30.0
+
+
+def _fam(ip: str) -> str:
+    """The suffix of the set and map that hold ``ip``: 4 or 6."""
+    return "4" if ipaddress.ip_address(ip).version == 4 else "6"
 
 
 def _mac(iface: str) -> str:
@@ -44,7 +48,7 @@ def _ifindex(iface: str) -> int:
 class HandoverForwarder:
     """Keeps the ``netdev nocloudlb_handover`` table; see the module docstring."""
 
-    def __init__(self, log: logging.Logger, grace: float = DEFAULT_GRACE, nft: str | None = None) -> None:
+    def __init__(self, log: logging.Logger, grace: float, nft: str | None = None) -> None:
         self.log = log
         self.grace = grace
         self.nft = nft or shutil.which("nft") or ""
@@ -117,9 +121,8 @@ class HandoverForwarder:
         secs = max(1, round(self.grace))
 
         def elements(ip: str, mac: str) -> str:
-            fam = "4" if ipaddress.ip_address(ip).version == 4 else "6"
-            return (f"add element netdev {TABLE} prev{fam} {{ {ip} timeout {secs}s : {mac} }}\n"
-                    f"add element netdev {TABLE} vips{fam} {{ {ip} timeout {secs}s }}\n")
+            return (f"add element netdev {TABLE} prev{_fam(ip)} {{ {ip} timeout {secs}s : {mac} }}\n"
+                    f"add element netdev {TABLE} vips{_fam(ip)} {{ {ip} timeout {secs}s }}\n")
 
         def install() -> None:
             chains = "".join(self._chain(i) for i in sorted({i for _m, ifs in moves.values() for i in ifs}))
@@ -129,7 +132,7 @@ class HandoverForwarder:
                 self._run("".join(elements(ip, mac) for ip, (mac, _ifs) in moves.items()))
             except RuntimeError:  # some were forwarded before (to another MAC): one by one
                 for ip, (mac, _ifs) in moves.items():
-                    self._drop(ip, "4" if ipaddress.ip_address(ip).version == 4 else "6")
+                    self._drop(ip)
                     self._run(elements(ip, mac))
 
         with self._lock:
@@ -153,42 +156,26 @@ class HandoverForwarder:
                                                    "to": {ip: mac for ip, (mac, _i) in list(moves.items())[:20]}})
         return sorted(moves)
 
-    def stop_forwarding(self, ip: str) -> None:
-        """End the forwarding of ``ip`` now (this node no longer leads it)."""
-        if not self.available:
+    def stop_forwarding(self, ips: list[str]) -> None:
+        """End the forwarding of ``ips`` now (this node no longer leads them): one nft call for all,
+        or one by one when some have expired already (a batch fails on an absent element)."""
+        if not self.available or not ips:
             return
-        fam = "4" if ipaddress.ip_address(ip).version == 4 else "6"
         with self._lock:
-            self._drop(ip, fam)
+            try:
+                self._run("".join(f"delete element netdev {TABLE} {name}{_fam(ip)} {{ {ip} }}\n"
+                                  for ip in ips for name in ("vips", "prev")))
+            except (OSError, RuntimeError, subprocess.TimeoutExpired):
+                for ip in ips:
+                    self._drop(ip)
 
-    def _drop(self, ip: str, fam: str) -> None:
+    def _drop(self, ip: str) -> None:
         """Delete ``ip`` from the set and the map; absent (or expired) is fine."""
-        for name in (f"vips{fam}", f"prev{fam}"):
+        for name in (f"vips{_fam(ip)}", f"prev{_fam(ip)}"):
             try:
                 self._run(f"delete element netdev {TABLE} {name} {{ {ip} }}\n")
             except (OSError, RuntimeError, subprocess.TimeoutExpired):
                 pass  # not there
-
-    def forwarding(self) -> dict[str, str]:
-        """VIP -> old owner's MAC, for those forwarded now (read from the kernel)."""
-        if not self.available:
-            return {}
-        import json  # noqa: PLC0415
-
-        out: dict[str, str] = {}
-        for m in ("prev4", "prev6"):
-            try:
-                doc = json.loads(subprocess.run([self.nft, "-j", "list", "map", "netdev", TABLE, m],
-                                                capture_output=True, text=True, timeout=10, check=True).stdout)
-            except (OSError, ValueError, subprocess.SubprocessError):
-                continue
-            for item in doc.get("nftables", []):
-                for elem in (item.get("map") or {}).get("elem", []):
-                    key, val = elem
-                    if isinstance(key, dict):
-                        key = key.get("elem", {}).get("val", key)
-                    out[str(key)] = str(val)
-        return out
 
     def close(self) -> None:
         if not self.available:
