@@ -20,7 +20,9 @@ description:
     in each VIP's order takes over and sends gratuitous ARP / unsolicited NA while the
     drained node still holds the VIP on C(lo) and keeps serving connections that reach it.
   - With C(state=drained) the module waits until every VIP the node led is led by another
-    node in the cluster's status, and optionally (O(confirm_with_probe)) until an ARP/NDP
+    node in the cluster's status, then until another member confirms it from its own view (it
+    sees the drain label on this node and another leader for each of those VIPs; the speaker
+    asks a live peer over the gossip layer), and optionally (O(confirm_with_probe)) until an ARP/NDP
     probe from the node gets its answer from another MAC. Then it waits O(grace_period)
     seconds so clients whose ARP cache still points at the node finish their requests.
   - Before it sets the label it checks that another live, undrained member exists; it fails
@@ -125,6 +127,12 @@ probed:
   description: For O(confirm_with_probe), VIP -> the MACs that answered after the move.
   returned: when confirm_with_probe
   type: dict
+confirmed_by:
+  description: For C(state=drained), the member whose view confirmed the drain (null when the speaker
+    could not be asked, or no VIP moved).
+  returned: when state=drained and a change was made
+  type: str
+  sample: n2
 regained:
   description: For C(state=undrained), the VIPs this node leads again.
   returned: success
@@ -193,6 +201,36 @@ def probe(command: str, ip: str) -> list[str]:
     return sorted({str(a.get("mac", "")).lower() for a in answers if isinstance(a, dict)} - {""})
 
 
+def confirm_from_peer(path: str, me: str, owned: list, deadline: float, poll: float) -> dict:
+    """Wait until another member sees the drain label on this node and another leader for each of
+    ``owned`` (the speaker asks a live peer over the gossip layer: ``peerView``). Returns the peer's
+    answer, {"skipped": True} when the speaker cannot ask (older speaker), or {"error": why}."""
+    last = "no answer"
+    while True:
+        try:
+            answer = control_client.request(path, {"cmd": "peerView", "ips": list(owned)}, 5.0)
+        except (OSError, ValueError) as exc:
+            answer = {"ok": False, "error": f"socket: {exc}"}
+        if answer.get("ok") is False and "unknown cmd" in str(answer.get("error")):
+            return {"skipped": True}
+        if answer.get("ok"):
+            peer = answer.get("peer")
+            still = sorted(ip for ip in owned if (answer.get("leaders") or {}).get(ip) in (None, me))
+            if DRAIN_LABEL not in (answer.get("labels") or {}):
+                last = f"{peer} does not see the drain label on {me} (its labels there: {answer.get('labels')})"
+            elif still:
+                last = f"{peer} still sees {me} (or nobody) leading {', '.join(still)}"
+            else:
+                return answer
+        else:
+            last = str(answer.get("error"))
+            if not owned and "no other live member" in last:
+                return {"skipped": True}  # nothing to hand over and nobody to ask: a one-node cluster
+        if time.monotonic() > deadline:
+            return {"error": last}
+        time.sleep(poll)
+
+
 def drain(module: AnsibleModule, path: str, status: dict) -> dict:
     p = module.params
     me = status.get("node")
@@ -250,6 +288,16 @@ def drain(module: AnsibleModule, path: str, status: dict) -> dict:
                                  f"node selectors, Local-policy health, drain labels)?{rolled}",
                              probed=probed, **result)
         time.sleep(p["poll_interval"])
+    confirmed = confirm_from_peer(path, me, owned, deadline, p["poll_interval"])
+    if confirmed.get("error"):
+        rolled = ""
+        if p["rollback_on_timeout"]:
+            request(path, {"cmd": "label", "unset": [DRAIN_LABEL]})
+            rolled = "; the drain label was cleared again, the node serves them as before"
+            result.update(drained=False, labels=labels)
+        module.fail_json(msg=f"draining {me} is not confirmed by another member: {confirmed['error']}{rolled}",
+                         **result)
+    result["confirmed_by"] = confirmed.get("peer")
     result["elapsed"] = round(time.monotonic() - start, 3)
     if p["confirm_with_probe"]:
         result["probed"] = probed

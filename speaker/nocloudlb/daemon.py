@@ -1,144 +1,57 @@
-"""The speaker: membership + config + health -> election -> layer-2 announcer and lo VIPs.
+"""The speaker: membership + config + health -> the published view -> modes (layer 2, ...).
 
 One main thread owns every decision. Other threads (kinship events, health checks, control
 socket, signals) only post to a queue; the main thread drains it and reconciles:
 
-1. build a NodeView per member (labels and Local health decoded from its metadata; this
-   node from its own live state),
-2. for every VIP (each service's ``status.loadBalancer.ingress``), ``layer2_decision``,
-3. ``L2Announcer.set_announced`` with the VIPs this node leads, and ``delivery.sync_lo_vips``
-   with every VIP this node may serve (its L2Advertisements select it): failover moves no
-   address, drain and health move only the ARP/NDP answers,
-4. overlay what the L2 layer really does with each VIP it was given (``L2Announcer.stats()``:
-   ``checking`` during the RFC 5227 check, ``announcing``, ``conflict`` when another MAC
-   answers for it), so status, metrics and logs never claim an address the announcer holds
-   back: such a VIP shows ``announcing: false`` with reason ``conflictCheck`` or ``ipConflict``,
-5. log ``serviceAnnounced`` / ``serviceWithdrawn`` (with ``reason``) on every change. The
-   ``ipConflict`` event itself is logged once per conflict by the announcer, not here.
-6. after a heal (membership's ``on_heal``: a member became alive, this node refuted a rumour of
-   its death, or this process was paused), once the election has been re-run: re-announce
-   every VIP this node leads (``L2Announcer.reannounce``, the full gratuitous schedule).
-   A node that never lost a VIP in its own view sends nothing on its own, yet the interim owner
-   may have moved the clients' neighbour caches to its MAC; and a partition merge may leave
-   clients pointed at the side that lost the VIP. Logged as ``serviceReannounced`` (reasons,
-   nodes, ips), counted in ``nocloudlb_speaker_reannounced_total{reason}``.
+1. publish this node's metadata (labels and Local health, what the modes add: the MACs it
+   answers from) when it changed,
+2. build the *published* view: a NodeView per member decoded from its metadata, this node
+   included, from the metadata it managed to publish (not from newer local labels or health:
+   when publishing fails, every node still computes the same answer),
+3. hand the view to every mode (``nocloudlb.modes``; layer 2 is ``nocloudlb.l2.mode.L2Mode``)
+   behind an exception barrier: a mode whose ``apply`` raises withdraws everything and is
+   retried at the next reconcile,
+4. after a heal (membership's ``on_heal``), let each mode re-announce what may have moved.
+
+Fail closed. When the gossip layer stops (kinship closed on an internal error) the view is
+unknown: every mode withdraws and the process exits non-zero so systemd restarts it. One
+exception never stops the loop. A graceful stop withdraws everything first, then leaves the
+cluster (so the successor never announces while this node still answers), then closes.
 """
 
 from __future__ import annotations
 
-import ipaddress
+import json
 import logging
 import os
 import queue
 import signal
-import socket
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import kinship
-from prometheus_client import Counter
 
-from nocloudlb.core.election import DRAIN_LABEL, NodeView, layer2_decision
+from nocloudlb.core.election import DRAIN_LABEL, NodeView
 from nocloudlb.core.errors import ConfigError
 
 from . import logs, sdnotify
 from .config import ConfigHolder, SpeakerConfig, now_iso
 from .health import CheckSpec, HealthChecker
+from .l2.mode import L2View, VipRow, member_ip, neighbour_table, with_l2  # noqa: F401 - re-exported
 from .membership import KeyFileError, Membership, MembershipSettings, read_key_file
-from .metadata import MetaCodec
+from .metadata import MAX_META, MetaCodec, PeerInfo
+from .modes import Mode, ModeRunner
 from .state import LabelStore
 
 log = logging.getLogger("nocloudlb.speaker")
 
-REANNOUNCED = Counter("nocloudlb_speaker_reannounced",
-                      "Times this node re-announced the VIPs it leads after the cluster healed", ["reason"])
-
+#: Settings read once at start: a reload keeps the running values and says a restart is needed.
 RESTART_FIELDS = ("node_name", "bind", "join", "profile", "overrides", "socket", "metrics_bind", "state_dir",
                   "handover_grace")
 
-
-@dataclass
-class VipRow:
-    ip: str
-    service: str
-    pool: str
-    leader: str | None
-    announcing: bool  # the election's answer until ``with_l2`` overlays the L2 layer's
-    reason: str
-    interfaces: list[str]
-    on_lo: bool
-    l2_state: str = ""  # the announcer's state: "" (not given to it) | checking | announcing | conflict
-    conflict: dict | None = None  # ip, mac, iface, at of the other MAC that answers for it
-
-    def view(self) -> dict[str, Any]:
-        return {"ip": self.ip, "service": self.service, "pool": self.pool, "leader": self.leader,
-                "announcing": self.announcing, "reason": self.reason, "interfaces": self.interfaces,
-                "onLo": self.on_lo, "l2State": self.l2_state, "conflict": self.conflict}
-
-
-@dataclass
-class L2View:
-    """What the announcer does: ip -> state, and ip -> conflict record. ``known`` False: no stats."""
-
-    states: dict[str, str]
-    conflicts: dict[str, dict]
-    known: bool = True
-
-
-def with_l2(rows: list[VipRow], l2: L2View) -> list[VipRow]:
-    """Rows as the segment sees them: a VIP this node won is announcing only when the L2 layer says so.
-
-    Won but still under the RFC 5227 check: reason ``conflictCheck``; another MAC answered (also
-    while the announcer re-checks a conflicted address): reason ``ipConflict`` with the conflict.
-    """
-    out = []
-    for r in rows:
-        state = l2.states.get(r.ip, "")
-        conflict = l2.conflicts.get(r.ip)
-        if not r.announcing or not l2.known:
-            out.append(replace(r, l2_state=state, conflict=conflict))
-        elif state == "announcing":
-            out.append(replace(r, l2_state=state, conflict=None))
-        elif conflict is not None or state == "conflict":
-            out.append(replace(r, announcing=False, reason="ipConflict", l2_state=state, conflict=conflict))
-        elif state == "checking":
-            out.append(replace(r, announcing=False, reason="conflictCheck", l2_state=state))
-        else:  # not (yet) taken by the announcer
-            out.append(replace(r, announcing=False, reason="l2Pending", l2_state=state))
-    return out
-
-
-def neighbour_table(ips: set[str]) -> dict[str, str]:
-    """``ip -> MAC`` (lowercase, colons) from the kernel's neighbour table (ARP and NDP), for ``ips``."""
-    if not ips:
-        return {}
-    from pyroute2 import IPRoute  # noqa: PLC0415
-
-    out: dict[str, str] = {}
-    with IPRoute() as ipr:
-        for family in (socket.AF_INET, socket.AF_INET6):
-            for n in ipr.get_neighbours(family=family):
-                dst, lladdr = n.get("NDA_DST"), n.get("NDA_LLADDR")
-                if dst and lladdr and lladdr != "00:00:00:00:00:00":
-                    ip = str(ipaddress.ip_address(dst))
-                    if ip in ips:
-                        out[ip] = lladdr.lower()
-    return out
-
-
-def member_ip(addr: str) -> str | None:
-    """The IP of a member's gossip address "ip:port" or "[ip6]:port"; None for a host name."""
-    try:
-        return str(ipaddress.ip_address(addr.rpartition(":")[0].strip("[]")))
-    except ValueError:
-        return None
-
-
-def neighbour_macs(ips: set[str]) -> set[bytes]:
-    """Link-layer addresses the kernel's neighbour table (ARP and NDP) holds for ``ips``."""
-    return {bytes.fromhex(mac.replace(":", "")) for mac in neighbour_table(ips).values()}
+EXIT_MEMBERSHIP_CLOSED = 3
 
 
 def label_keys(parsed: Any) -> set[str]:
@@ -149,6 +62,10 @@ def label_keys(parsed: Any) -> set[str]:
             keys.update((sel.get("matchLabels") or {}).keys())
             keys.update(e.get("key") for e in sel.get("matchExpressions") or [] if e.get("key"))
     return keys
+
+
+def local_services(parsed: Any) -> list[str]:
+    return [s.key for s in parsed.services if s.traffic_policy == "Local"]
 
 
 def health_specs(parsed: Any) -> tuple[dict[str, CheckSpec | None], list[str]]:
@@ -169,8 +86,25 @@ def health_specs(parsed: Any) -> tuple[dict[str, CheckSpec | None], list[str]]:
     return specs, errors
 
 
+def metadata_problems(cfg: SpeakerConfig) -> list[str]:
+    """A config whose gossiped metadata could outgrow kinship's 512 bytes is refused at load (a node
+    that cannot publish would decide from a state its peers do not see), and so is one where two
+    Local-policy services share a health id."""
+    codec = MetaCodec(local_services(cfg.parsed), label_keys(cfg.parsed), cfg.digest)
+    errors = [f"Service {b}: its health id collides with Service {a}'s; rename one of them"
+              for a, b in codec.collisions]
+    worst = codec.worst_case_size()
+    if worst > MAX_META:
+        errors.append(
+            f"config: the metadata this node gossips could reach {worst} bytes, more than kinship's {MAX_META}: "
+            f"{len(codec.order_ids)} Local-policy services (one bit each) and the node-selector label keys "
+            f"{sorted(codec.label_keys)} (values up to 63 characters each) do not fit; use fewer Local-policy "
+            "services or fewer or shorter node-selector label keys")
+    return errors
+
+
 def check_extra(cfg: SpeakerConfig) -> tuple[list[str] | None, list[str]]:
-    """Checks beyond the schema: the key file and the health checks. Returns (keys, errors)."""
+    """Checks beyond the schema: the key file, the health checks, the metadata size. Returns (keys, errors)."""
     errors: list[str] = []
     keys = None
     if cfg.key_file:
@@ -179,6 +113,7 @@ def check_extra(cfg: SpeakerConfig) -> tuple[list[str] | None, list[str]]:
         except KeyFileError as exc:
             errors.append(str(exc))
     errors.extend(health_specs(cfg.parsed)[1])
+    errors.extend(metadata_problems(cfg))
     return keys, errors
 
 
@@ -191,28 +126,28 @@ class Speaker:
         self.keys: list[str] | None = None
         self.cfg: SpeakerConfig | None = None
         self.membership: Membership | None = None
-        self.announcer: Any = None
         self.health: HealthChecker | None = None
         self.control: Any = None
         self.labels: LabelStore | None = None
         self.codec: MetaCodec | None = None
+        self.modes: list[ModeRunner] = []
+        self.l2: Any = None  # the layer-2 mode (nocloudlb.l2.mode.L2Mode)
         self._announcer_factory = announcer_factory
         self._delivery = delivery
-        self._last_meta: dict[str, str] = {}
-        self._rows: list[VipRow] = []  # the election's rows; with_l2 gives what is really announced
-        self._l2_busy = False  # a VIP this node won is under the conflict check: reconcile again soon
-        self._peer_macs: frozenset[bytes] = frozenset()
-        self._peer_macs_at = -1e9
-        self._prev: dict[tuple[str, str], tuple[bool, str]] = {}
-        self._lo: set[str] = set()
-        self._announced: set[str] = set()
-        self._leaders: dict[str, str] = {}
-        self.handover: Any = None  # l2.handover.HandoverForwarder with the real announcer
-        self._forwarded: set[str] = set()
+        self._last_meta: dict[str, str] = {}  # the metadata kinship accepted last: what peers see
+        self._meta_error = ""
+        self._peers: dict[str, PeerInfo] = {}
         self._lock = threading.Lock()
         self._stopping = False
+        self._closed = False  # the gossip layer stopped: fail closed and exit
         self._restart_pending: list[str] = []
         self._peer_configs: dict[str, str] = {}
+        self._loop_errors = 0
+        self._view_waiters: dict[str, tuple[threading.Event, dict]] = {}
+
+    @property
+    def announcer(self) -> Any:
+        return self.l2.announcer if self.l2 is not None else None
 
     # -- posting from other threads / signal handlers ---------------------------------------
     def post(self, what: str = "change") -> None:
@@ -234,26 +169,32 @@ class Speaker:
         return ok, cfg
 
     _last_good_at = ""
+    _previous_local: list[str] | None = None  # Local-policy services of the config run before this one
 
     def _apply_config(self, cfg: SpeakerConfig, first: bool) -> None:
         prev = self.cfg
+        if prev is not None:
+            # settings read once at start keep their running values until the next restart
+            changed = [f for f in RESTART_FIELDS if getattr(prev, f) != getattr(cfg, f)]
+            cfg = replace(cfg, **{f: getattr(prev, f) for f in changed})
+            self._restart_pending = sorted(set(self._restart_pending) | set(changed))
+            if changed:
+                logs.event(log, "configRestartNeeded", "these settings keep their running values until the "
+                           "next restart", logging.WARNING, settings=changed)
         self.cfg = cfg
         self._last_good_at = self.holder.last_good_at
-        self.codec = MetaCodec(
-            [s.key for s in cfg.parsed.services if s.traffic_policy == "Local"], label_keys(cfg.parsed), cfg.digest)
+        previous = self._previous_local
+        if prev is not None and local_services(prev.parsed) != local_services(cfg.parsed):
+            previous = self._previous_local = local_services(prev.parsed)
+        self.codec = MetaCodec(local_services(cfg.parsed), label_keys(cfg.parsed), cfg.digest, previous=previous)
         assert self.health is not None
         self.health.configure(health_specs(cfg.parsed)[0])
-        if prev is not None:
-            changed = [f for f in RESTART_FIELDS if getattr(prev, f) != getattr(cfg, f)]
-            self._restart_pending = changed
-            if changed:
-                logs.event(log, "configRestartNeeded", "these settings take effect at the next restart",
-                           logging.WARNING, settings=changed)
-            if self.membership is not None and self.keys is not None and self.keys != self.membership.keys:
-                try:
-                    self.membership.set_keys(self.keys)
-                except (kinship.KinshipError, ValueError, TimeoutError) as exc:
-                    logs.event(log, "memberlistKeysFailed", str(exc), logging.ERROR)
+        if prev is not None and self.membership is not None and self.keys is not None \
+                and self.keys != self.membership.keys:
+            try:
+                self.membership.set_keys(self.keys)
+            except (kinship.KinshipError, ValueError, TimeoutError) as exc:
+                logs.event(log, "memberlistKeysFailed", str(exc), logging.ERROR)
         logs.event(log, "configLoaded", path=cfg.path, digest=cfg.digest, pools=len(cfg.parsed.pools),
                    services=len(cfg.parsed.services), l2Advertisements=len(cfg.parsed.l2_advertisements),
                    first=first)
@@ -266,7 +207,8 @@ class Speaker:
         else:
             logs.event(log, "configStale", "the new config is refused; the last good one keeps being served",
                        logging.ERROR, errors=self.holder.errors, lastGoodAt=self.holder.last_good_at)
-        return {"ok": ok, "config": self.holder.status()}
+        return {"ok": ok, "config": self.holder.status() | {"restartPending": self._restart_pending},
+                "restartPending": self._restart_pending}
 
     # -- lifecycle -------------------------------------------------------------------------
     def run(self) -> int:
@@ -287,30 +229,42 @@ class Speaker:
             return 1
         logs.event(log, "speakerStarted", node=cfg.node_name, profile=cfg.profile, pid=os.getpid())
         try:
-            self._loop()
+            code = self._loop()
         finally:
             self._shutdown()
-        return 0
+        return code
+
+    def _build_modes(self, cfg: SpeakerConfig) -> list[Mode]:
+        """The modes this speaker runs (each one's few construction lines, marked ``# mode: NAME``)."""
+        from .l2 import delivery  # noqa: PLC0415 - heavy raw-socket code only when running
+        from .l2.announcer import L2Announcer  # noqa: PLC0415
+        from .l2.mode import L2Mode  # noqa: PLC0415
+
+        modes: list[Mode] = []
+        # mode: l2
+        self._delivery = self._delivery or delivery
+        self._delivery.prepare_host()
+        factory = self._announcer_factory or L2Announcer
+        handover = None
+        if self._announcer_factory is None and cfg.handover_grace > 0:
+            from .l2.handover import HandoverForwarder  # noqa: PLC0415
+
+            handover = HandoverForwarder(logging.getLogger("nocloudlb.l2"), grace=cfg.handover_grace)
+        self.l2 = L2Mode(None, self._delivery, cfg.state_dir, gate=self._gate, member_macs=self.member_macs,
+                         handover=handover, post=self.post)
+        self.l2.announcer = factory(cfg.node_name, logging.getLogger("nocloudlb.l2"),
+                                    is_peer_mac=self.l2.is_peer_mac)
+        modes.append(self.l2)
+        return modes
 
     def _start(self, cfg: SpeakerConfig) -> None:
         self.labels = LabelStore(cfg.state_dir)
         self.health = HealthChecker(self.post)
         self._apply_config(cfg, first=True)
-
-        from .l2 import delivery  # noqa: PLC0415 - heavy raw-socket code only when running
-        from .l2.announcer import L2Announcer  # noqa: PLC0415
-
-        self._delivery = self._delivery or delivery
-        self._delivery.prepare_host()
-        factory = self._announcer_factory or L2Announcer
-        self.announcer = factory(cfg.node_name, logging.getLogger("nocloudlb.l2"),
-                                 is_peer_mac=lambda mac: mac in self.peer_macs(mac))
-        self.announcer.start()
-        if self._announcer_factory is None and cfg.handover_grace > 0:
-            from .l2.handover import HandoverForwarder  # noqa: PLC0415
-
-            self.handover = HandoverForwarder(logging.getLogger("nocloudlb.l2"), grace=cfg.handover_grace)
-            self.handover.start()
+        for mode in self._build_modes(cfg):
+            runner = ModeRunner(mode)
+            self.modes.append(runner)
+            mode.start()
 
         from .control import ControlServer
         from .metrics import serve
@@ -321,21 +275,25 @@ class Speaker:
 
         settings = MembershipSettings(cfg.node_name, cfg.bind, cfg.join, self.keys, cfg.profile, cfg.overrides)
         self.membership = Membership(settings, self.post, logging.getLogger("nocloudlb.membership"),
-                                     on_heal=lambda reason, node: self.post(f"heal\t{reason}\t{node}"))
+                                     on_heal=lambda reason, node: self.post(f"heal\t{reason}\t{node}"),
+                                     on_message=self._on_message)
         self._install_signals()
-        self.membership.start(self._meta())
+        meta = self._meta()
+        self.membership.start(meta)
+        self._last_meta = meta
 
     def _install_signals(self) -> None:
         signal.signal(signal.SIGTERM, lambda *_: self.post("stop"))
         signal.signal(signal.SIGINT, lambda *_: self.post("stop"))
         signal.signal(signal.SIGHUP, lambda *_: self.post("reload"))
 
-    def _loop(self) -> None:
+    def _loop(self) -> int:
+        """The decision loop; returns the exit code (0 on stop, non-zero when the gossip layer closed)."""
         wd = sdnotify.watchdog_interval()
         next_wd = time.monotonic()
         while True:
             timeout = 1.0 if wd is None else max(0.05, min(1.0, next_wd - time.monotonic()))
-            if self._l2_busy:
+            if any(m.hook("busy") for m in self.modes):
                 timeout = min(timeout, 0.1)  # log serviceAnnounced as soon as the check ends
             try:
                 items = [self.events.get(timeout=timeout)]
@@ -347,37 +305,63 @@ class Speaker:
                 except queue.Empty:
                     break
             if "stop" in items:
-                return
-            if "reload" in items:
-                logs.event(log, "configReload", "reloading on SIGHUP", path=self.config_path)
-                self.reload()
-            self.reconcile()
-            heals = [i for i in items if i.startswith("heal\t")]
-            if heals:
-                self.reannounce(heals)
-            assert self.membership is not None
-            if not self.ready and self.membership.first_join_done.is_set():
-                self.ready = True
-                sdnotify.notify("READY=1\nSTATUS=serving")
-                logs.event(log, "speakerReady", members=len(self.membership.members()))
+                return 0
+            try:
+                self._iteration(items)
+            except Exception as exc:  # noqa: BLE001 - the barrier: one exception never stops the loop
+                self._loop_errors += 1
+                logs.event(log, "loopError", f"{type(exc).__name__}: {exc}"[:500], logging.ERROR,
+                           count=self._loop_errors)
+                log.debug("loopError traceback", exc_info=True)
+                for m in self.modes:
+                    m.withdraw_all()
+                time.sleep(0.05)
+            if self._closed:
+                return EXIT_MEMBERSHIP_CLOSED
             if wd is not None and time.monotonic() >= next_wd:
                 sdnotify.notify("WATCHDOG=1")
                 next_wd = time.monotonic() + wd
 
+    def _iteration(self, items: list[str]) -> None:
+        if "reload" in items:
+            logs.event(log, "configReload", "reloading on SIGHUP", path=self.config_path)
+            self.reload()
+        self.reconcile()
+        if self._closed:
+            return
+        heals = []
+        for item in items:
+            if item.startswith("heal\t"):
+                _h, reason, node = (item.split("\t") + ["", ""])[:3]
+                heals.append((reason, node))
+        if heals:
+            self.reannounce(heals)
+        assert self.membership is not None
+        if not self.ready and self.membership.first_join_done.is_set():
+            self.ready = True
+            sdnotify.notify("READY=1\nSTATUS=serving")
+            logs.event(log, "speakerReady", members=len(self.membership.members()))
+
+    def reannounce(self, heals: list[tuple[str, str]] | list[str]) -> list[str]:
+        """Let each mode re-announce what may have moved behind this node's back after a heal."""
+        pairs = [tuple((h.split("\t") + ["", ""])[1:3]) if isinstance(h, str) else h for h in heals]
+        out: list[str] = []
+        for m in self.modes:
+            out.extend(m.hook("on_heal", pairs) or [])
+        return out
+
     def _shutdown(self) -> None:
         self._stopping = True
-        logs.event(log, "speakerStopping", "leaving the cluster so peers take over at once")
+        logs.event(log, "speakerStopping", "withdrawing, then leaving the cluster so peers take over at once")
         sdnotify.notify("STOPPING=1")
+        # stop answering first: the successor announces when it sees us leave, and by then nobody
+        # here answers any more (a stop costs a few ms of no answer, never two answers)
+        for m in self.modes:
+            m.withdraw_all()
         if self.membership is not None:
             self.membership.leave(timeout=1.0)
-        if self.announcer is not None:
-            self.announcer.set_announced({})
-            self.announcer.stop()
-        if self.handover is not None:
-            self.handover.close()
-        for key, (announcing, _reason) in self._prev.items():
-            if announcing:
-                logs.event(log, "serviceWithdrawn", service=key[0], ip=key[1], reason="shutdown")
+        for m in self.modes:
+            m.close()
         if self.control is not None:
             self.control.stop()
         if self.health is not None:
@@ -395,208 +379,87 @@ class Speaker:
 
     def _meta(self) -> dict[str, str]:
         assert self.codec is not None and self.health is not None
-        return self.codec.encode(self.my_labels(), self.health.healthy())
+        macs: list[bytes] = []
+        for m in self.modes:
+            macs.extend((m.hook("meta") or {}).get("macs", []))
+        return self.codec.encode(self.my_labels(), self.health.healthy(), macs)
+
+    def _gate(self) -> str:
+        """Why this node may not announce anything now ("" when it may)."""
+        ml = self.membership
+        if ml is None or not ml.first_join_done.is_set():
+            return "notReady"  # never take addresses before the first join: peers may hold them
+        if ml.join_state == "joinFailed" and ml.join_refused:
+            return "joinRefused"  # peers are up but refuse our gossip (wrong key): do not fight them
+        return ""
+
+    def member_macs(self) -> dict[str, frozenset[bytes]]:
+        """Member -> the MACs it published (the members' VIP-interface MACs), this node excluded."""
+        return {name: info.macs for name, info in dict(self._peers).items() if info.macs}
+
+    def published(self) -> PeerInfo | None:
+        """This node as its peers see it: the metadata kinship accepted last, decoded."""
+        if self.codec is None or not self._last_meta:
+            return None
+        return self.codec.decode(self._last_meta)
 
     def node_views(self) -> list[NodeView]:
-        assert self.cfg is not None and self.codec is not None and self.health is not None
+        """The published view: every member from its metadata, this node from what it published."""
+        assert self.cfg is not None and self.codec is not None
         me = self.cfg.node_name
-        views = [NodeView(me, self.my_labels(), "alive", frozenset(self.health.healthy()))]
-        peers: dict[str, str] = {}
+        mine = self.published()
+        views = [NodeView(me, dict(mine.labels) if mine else {}, "alive", mine.healthy if mine else frozenset())]
+        peers: dict[str, PeerInfo] = {}
         for m in self.membership.members() if self.membership else []:
             if m.name == me:
                 continue
             info = self.codec.decode(m.meta)
-            peers[m.name] = info.config_hash
+            peers[m.name] = info
             views.append(NodeView(m.name, info.labels, m.state, info.healthy))
-        for name, digest in peers.items():
+        for name, info in peers.items():
+            digest = info.config_hash
             if digest and digest != self.cfg.digest and self._peer_configs.get(name) != digest:
                 logs.event(log, "configMismatch", "a peer runs another config version", logging.WARNING,
                            node=name, theirs=digest, ours=self.cfg.digest)
-        self._peer_configs = peers
+        self._peer_configs = {n: i.config_hash for n, i in peers.items()}
+        self._peers = peers
         return views
+
+    def _publish(self) -> None:
+        assert self.membership is not None
+        meta = self._meta()
+        if meta == self._last_meta:
+            return
+        try:
+            self.membership.set_meta(meta)
+            self._last_meta = meta
+            self._meta_error = ""
+        except kinship.MetaTooLarge:
+            self._meta_error = "metadata larger than 512 bytes"
+            logs.event(log, "metadataTooLarge", "labels used by node selectors do not fit in 512 bytes; "
+                       "deciding from the last published state", logging.ERROR,
+                       labels=sorted(self.codec.label_keys if self.codec else []))
+        except (kinship.KinshipError, TimeoutError) as exc:
+            self._meta_error = str(exc)[:300]
+            logs.event(log, "metadataFailed", f"{exc}; deciding from the last published state", logging.WARNING)
 
     def reconcile(self) -> None:
         cfg = self.cfg
         if cfg is None or self.membership is None or self._stopping:
             return
-        meta = self._meta()
-        if meta != self._last_meta:
-            try:
-                self.membership.set_meta(meta)
-                self._last_meta = meta
-            except kinship.MetaTooLarge:
-                logs.event(log, "metadataTooLarge", "labels used by node selectors do not fit in 512 bytes",
-                           logging.ERROR, labels=sorted(self.codec.label_keys if self.codec else []))
-            except (kinship.KinshipError, TimeoutError) as exc:
-                logs.event(log, "metadataFailed", str(exc), logging.WARNING)
+        if self.membership.closed:
+            if not self._closed:
+                self._closed = True
+                logs.event(log, "memberlistClosed", "the gossip layer stopped: the cluster view is unknown; "
+                           "withdrawing everything and exiting so the service manager restarts the speaker",
+                           logging.ERROR)
+            for m in self.modes:
+                m.withdraw_all()
+            return
+        self._publish()
         nodes = self.node_views()
-        me = cfg.node_name
-        parsed = cfg.parsed
-        my_labels = self.my_labels()
-        rows: list[VipRow] = []
-        joined = self.membership.first_join_done.is_set()
-        refused = self.membership.join_state == "joinFailed" and self.membership.join_refused
-        skip: set[str] = set()
-        handed: dict[str, str] = {}
-        states = {n.name: n.state for n in nodes}
-        announce: dict[str, list[str] | None] = {}
-        lo: set[str] = set()
-        for svc in parsed.services:
-            for ip in svc.ingress_ips:
-                pool = parsed.pool_for_ip(ip)
-                if pool is None:
-                    rows.append(VipRow(ip, svc.key, "", None, False, "notInAnyPool", [], False))
-                    continue
-                ads = parsed.l2_advertisements_for_pool(pool.name)
-                leader, reason = layer2_decision(me, nodes, ads, svc, ip)
-                if reason == "" and not joined:
-                    reason = "notReady"  # never take addresses before the first join: peers may hold them
-                if reason == "" and refused:
-                    reason = "joinRefused"  # peers are up but refuse our gossip (wrong key): do not fight them
-                if reason == "" and ip not in self._announced:
-                    # gained from a member we saw lead it (failover, drain, leave): skip the RFC 5227
-                    # check, it would only cost failover time. Otherwise (first start, a new VIP, a
-                    # restart that preempts) check: answers from members' MACs are a handover and
-                    # ignored (L2Announcer.is_peer_mac), any other MAC is a conflict and never fought.
-                    before = self._leaders.get(ip)
-                    if before and before != me:
-                        skip.add(ip)
-                        if states.get(before) == "alive":
-                            handed[ip] = before  # a planned move: its in-flight connections go on there
-                mine = [a for a in ads if a.selects_service(svc.labels) and a.selects_node(my_labels)]
-                ifaces: list[str] = []
-                if any(not a.interfaces for a in mine):
-                    ifaces = []
-                else:
-                    ifaces = sorted({i for a in mine for i in a.interfaces})
-                if mine:
-                    lo.add(ip)
-                if reason == "":
-                    prev = announce.get(ip)
-                    if prev is None:
-                        announce[ip] = ifaces
-                    elif prev and ifaces:
-                        announce[ip] = sorted(set(prev) | set(ifaces))
-                    else:
-                        announce[ip] = []
-                rows.append(VipRow(ip, svc.key, pool.name, leader, reason == "", reason, ifaces, bool(mine)))
-        final = {ip: v or [] for ip, v in announce.items()}
-        assert self.announcer is not None and self._delivery is not None
-        if self.handover is not None:
-            self._handover(final, handed)
-        self.announcer.set_announced(final, skip_check=skip & set(final))
-        self._announced = set(final)
-        self._leaders = {r.ip: r.leader for r in rows if r.leader}
-        if lo != self._lo:
-            try:
-                self._delivery.sync_lo_vips(lo, state_file=os.path.join(cfg.state_dir, "lo-vips.json"))
-                self._lo = lo
-            except Exception as exc:  # noqa: BLE001 - report and retry at the next tick
-                logs.event(log, "loSyncFailed", str(exc), logging.ERROR)
-        seen = with_l2(rows, self.l2_view())
-        self._l2_busy = any(r.l2_state == "checking" and r.reason == "conflictCheck" for r in seen)
-        self._log_changes(seen, me)
-        with self._lock:
-            self._rows = rows
-
-    def reannounce(self, heals: list[str]) -> list[str]:
-        """Re-announce every VIP this node leads now (run after ``reconcile``). ``heals`` are
-        ``heal<TAB>reason<TAB>node`` items. Returns the addresses re-announced."""
-        reasons: dict[str, set[str]] = {}
-        for item in heals:
-            dummy, reason, node = (item.split("\t") + ["", ""])[:3]
-            reasons.setdefault(reason, set()).add(node)
-        if self.announcer is None or not self._announced:
-            return []
-        ips = self.announcer.reannounce(sorted(self._announced))
-        if ips:
-            for reason in reasons:
-                REANNOUNCED.labels(reason).inc()
-            logs.event(log, "serviceReannounced", "the cluster healed: announcing again the VIPs this node leads",
-                       reasons=sorted(reasons), nodes=sorted(set().union(*reasons.values())), count=len(ips),
-                       ips=ips[:50], node=self.cfg.node_name if self.cfg else "")
-        return ips
-
-    def _handover(self, final: dict[str, list[str]], handed: dict[str, str]) -> None:
-        """Before announcing VIPs taken over from a live member, forward the TCP connections still in
-        flight to it (l2/handover.py); end the forwarding of VIPs this node no longer leads."""
-        assert self.handover is not None and self.announcer is not None
-        lost = sorted(self._forwarded - set(final))
-        self.handover.stop_forwarding(lost)
-        self._forwarded.difference_update(lost)
-        handed = {ip: n for ip, n in handed.items() if ip in final}
-        if not handed:
-            return
-        members = self.membership.members() if self.membership else []
-        addrs = {m.name: ip for m in members if m.name in handed.values() and (ip := member_ip(m.addr))}
-        try:
-            macs = neighbour_table(set(addrs.values()))
-        except (OSError, ValueError) as exc:
-            logs.event(log, "neighboursFailed", f"cannot read the neighbour table: {exc}", logging.WARNING)
-            return
-        all_ifaces = self.announcer.stats().get("interfaces", [])
-        moves = {ip: (macs.get(addrs.get(n, ""), ""), final[ip] or all_ifaces) for ip, n in handed.items()}
-        self._forwarded.update(self.handover.forward(moves))
-
-    def peer_macs(self, mac: bytes | None = None) -> frozenset[bytes]:
-        """MACs of the members' gossip addresses, from the kernel's neighbour table (kinship talks to
-        every member, so they are resolved). Re-read at most every 0.2 s when ``mac`` is unknown, else
-        every 2 s. Called from the announcer's thread while it checks an address."""
-        now = time.monotonic()
-        age = now - self._peer_macs_at
-        if age > 2.0 or (mac is not None and mac not in self._peer_macs and age > 0.2):
-            self._peer_macs_at = now
-            ips: set[str] = set()
-            me = self.cfg.node_name if self.cfg else ""
-            for m in self.membership.members() if self.membership else []:
-                ip = member_ip(m.addr)  # None for a member known by host name: no neighbour entry to match
-                if m.name != me and ip:
-                    ips.add(ip)
-            try:
-                self._peer_macs = frozenset(neighbour_macs(ips))
-            except (OSError, ValueError) as exc:
-                logs.event(log, "neighboursFailed", f"cannot read the neighbour table: {exc}", logging.WARNING)
-        return self._peer_macs
-
-    def l2_view(self) -> L2View:
-        """The announcer's per-VIP state and conflicts, read now (it changes them on its own thread)."""
-        if self.announcer is None:
-            return L2View({}, {}, known=False)
-        try:
-            vips = self.announcer.stats().get("vips", {})
-            conflicts = {c["ip"]: c for c in self.announcer.conflicts()}
-        except (AttributeError, KeyError, TypeError):  # an announcer without stats(): trust the election
-            return L2View({}, {}, known=False)
-        return L2View({ip: v.get("state", "") for ip, v in vips.items()}, conflicts)
-
-    def rows(self) -> tuple[list[VipRow], L2View]:
-        """Every VIP row with the L2 layer's live state overlaid, and that state."""
-        with self._lock:
-            rows = list(self._rows)
-        l2 = self.l2_view()
-        return with_l2(rows, l2), l2
-
-    def _log_changes(self, rows: list[VipRow], me: str) -> None:
-        seen: dict[tuple[str, str], tuple[bool, str]] = {}
-        for r in rows:
-            key = (r.service, r.ip)
-            now = (r.announcing, r.reason)
-            seen[key] = now
-            before = self._prev.get(key)
-            if before == now:
-                continue
-            if r.announcing:
-                logs.event(log, "serviceAnnounced", service=r.service, ip=r.ip, node=me, pool=r.pool,
-                           protocol="layer2", interfaces=r.interfaces or "all eligible")
-            elif before is None or before[0] or before[1] != r.reason:
-                withdrawn = bool(before and before[0])
-                logs.event(log, "serviceWithdrawn" if withdrawn else "serviceNotAnnounced",
-                           level=logging.INFO if withdrawn else logging.DEBUG,
-                           service=r.service, ip=r.ip, reason=r.reason, leader=r.leader, node=me)
-        for key, was in self._prev.items():
-            if key not in seen and was[0]:
-                logs.event(log, "serviceWithdrawn", service=key[0], ip=key[1], reason="serviceDeleted", node=me)
-        self._prev = seen
+        for m in self.modes:
+            m.apply(cfg.node_name, nodes, cfg.parsed)
 
     # -- control ---------------------------------------------------------------------------
     def handle(self, req: dict) -> dict:
@@ -610,7 +473,69 @@ class Speaker:
             return {"ok": True, "queued": True}
         if cmd == "keys":
             return {"ok": True, "keyIds": self.membership.key_ids() if self.membership else []}
-        return {"ok": False, "error": f"unknown cmd {cmd!r} (known: status, label, reload, keys)"}
+        if cmd == "peerView":
+            ips = req.get("ips") or []
+            if not isinstance(ips, list):
+                return {"ok": False, "error": "peerView: 'ips' is a list of addresses"}
+            return self.peer_view(ips)
+        return {"ok": False, "error": f"unknown cmd {cmd!r} (known: status, label, reload, keys, peerView)"}
+
+    # -- another member's view (node_drain confirms a drain from it) ----------------------------
+    def _on_message(self, sender: str, data: bytes) -> None:
+        """A user message from a member: a view query (answered) or the answer to ours."""
+        if len(data) > 65536:
+            return
+        try:
+            msg = json.loads(data)
+        except ValueError:
+            return
+        if not isinstance(msg, dict):
+            return
+        if msg.get("q") == "view" and isinstance(msg.get("id"), str) and self.membership is not None:
+            ips = [str(ip) for ip in (msg.get("ips") or [])[:256]] if isinstance(msg.get("ips"), list) else []
+            info = self._peers.get(sender)
+            state = next((m.state for m in self.membership.members() if m.name == sender), "unknown")
+            leaders = {v["ip"]: v.get("leader") for m in self.modes for v in m.status().get("vips", [])
+                       if v.get("ip") in ips}
+            reply = {"r": msg["id"][:64], "node": self.cfg.node_name if self.cfg else "", "about": sender,
+                     "state": state, "labels": dict(info.labels) if info else {}, "leaders": leaders}
+            try:
+                self.membership.send(sender, json.dumps(reply).encode(), timeout=1.0)
+            except (kinship.KinshipError, TimeoutError, RuntimeError) as exc:
+                logs.event(log, "peerViewFailed", f"cannot answer {sender}: {exc}", logging.DEBUG)
+        elif isinstance(msg.get("r"), str):
+            with self._lock:
+                waiter = self._view_waiters.get(msg["r"])
+            if waiter is not None:
+                waiter[1].update(msg, sender=sender)
+                waiter[0].set()
+
+    def peer_view(self, ips: list[str], timeout: float = 2.0) -> dict:
+        """Ask the other live members how they see this node and who leads ``ips``; the first answer."""
+        me = self.cfg.node_name if self.cfg else ""
+        peers = [m.name for m in (self.membership.members() if self.membership else [])
+                 if m.name != me and m.state == "alive"]
+        if not peers:
+            return {"ok": False, "error": "no other live member to ask"}
+        qid = os.urandom(8).hex()
+        ev, answer = threading.Event(), dict[str, Any]()
+        with self._lock:
+            self._view_waiters[qid] = (ev, answer)
+        try:
+            data = json.dumps({"q": "view", "id": qid, "ips": [str(i) for i in ips][:256]}).encode()
+            for name in peers[:3]:
+                try:
+                    assert self.membership is not None
+                    self.membership.send(name, data, timeout=1.0)
+                except (kinship.KinshipError, TimeoutError, RuntimeError):
+                    continue
+            if not ev.wait(timeout):
+                return {"ok": False, "error": f"no member answered within {timeout:g}s (asked {peers[:3]})"}
+        finally:
+            with self._lock:
+                self._view_waiters.pop(qid, None)
+        return {"ok": True, "peer": answer.get("sender") or answer.get("node"), "state": answer.get("state"),
+                "labels": answer.get("labels") or {}, "leaders": answer.get("leaders") or {}}
 
     def _label(self, req: dict) -> dict:
         set_ = req.get("set") or {}
@@ -635,30 +560,48 @@ class Speaker:
         self.post()
         return {"ok": True, "labels": self.my_labels()}
 
+    def rows(self) -> tuple[list[VipRow], L2View]:
+        """The layer-2 mode's VIP rows with the L2 layer's live state overlaid, and that state."""
+        if self.l2 is None:
+            return [], L2View({}, {}, known=False)
+        return self.l2.rows()
+
     def status(self) -> dict[str, Any]:
         cfg = self.cfg
         me = cfg.node_name if cfg else ""
         members = []
         if self.membership is not None and self.codec is not None:
+            mine = self.published()
             for m in self.membership.members():
                 if m.name == me:
                     labels = self.my_labels()
-                else:
-                    labels = self.codec.decode(m.meta).labels
-                members.append({"name": m.name, "addr": m.addr, "state": m.state, "labels": labels,
-                                "configDigest": m.meta.get("c", "")})
-        rows, l2 = self.rows()
+                    published = dict(mine.labels) if mine else {}
+                    members.append({"name": m.name, "addr": m.addr, "state": m.state, "labels": labels,
+                                    "publishedLabels": published, "configDigest": self._last_meta.get("c", "")})
+                    continue
+                info = self._peers.get(m.name) or self.codec.decode(m.meta)
+                members.append({"name": m.name, "addr": m.addr, "state": m.state, "labels": info.labels,
+                                "publishedLabels": info.labels, "configDigest": m.meta.get("c", ""),
+                                "macs": [":".join(f"{b:02x}" for b in mac) for mac in sorted(info.macs)]})
+        modes = {m.name: m.status() for m in self.modes}
+        vips = [v for st in modes.values() for v in st.get("vips", [])]
+        conflicts = [c for st in modes.values() for c in st.get("conflicts", [])]
+        mine = self.published()
         ml = self.membership
         return {
             "node": me,
             "ready": self.ready,
             "profile": cfg.profile if cfg else "",
             "members": members,
-            "vips": [r.view() for r in rows],
+            "vips": vips,
+            "modes": modes,
             "config": self.holder.status() | {"restartPending": self._restart_pending},
-            "conflicts": sorted(l2.conflicts.values(), key=lambda c: c["ip"]),
+            "conflicts": sorted(conflicts, key=lambda c: c["ip"]),
             "labels": self.my_labels() if cfg and self.labels else {},
-            "memberlist": {"state": ml.join_state if ml else "starting", "error": ml.join_error if ml else "",
+            "published": {"labels": dict(mine.labels) if mine else {},
+                          "healthy": sorted(mine.healthy) if mine else [], "error": self._meta_error},
+            "memberlist": {"state": "closed" if self._closed else (ml.join_state if ml else "starting"),
+                           "error": ml.join_error if ml else "",
                            "keyIds": ml.key_ids() if ml else [],
                            "encrypted": bool(ml and ml.settings.keys)},
             "health": self.health.status() if self.health else {},
@@ -666,7 +609,7 @@ class Speaker:
         }
 
     def metrics_snapshot(self) -> dict[str, Any]:
-        rows, l2 = self.rows()
+        modes = {m.name: m.status() for m in self.modes}
         counts: dict[str, int] = {}
         stats: dict[str, int] = {}
         if self.membership is not None:
@@ -677,13 +620,13 @@ class Speaker:
             except kinship.KinshipError:
                 stats = {}
         return {
-            "announced": [{"ip": r.ip, "node": self.cfg.node_name if self.cfg else "", "service": r.service}
-                          for r in rows if r.announcing],
+            "announced": [{"ip": v["ip"], "node": self.cfg.node_name if self.cfg else "", "service": v["service"]}
+                          for st in modes.values() for v in st.get("vips", []) if v.get("announcing")],
             "config_ok": self.holder.state == "ok",
             "config_stale": self.holder.state != "ok" and self.cfg is not None,
             "members": counts,
             "kinship": stats,
-            "conflicts": len(l2.conflicts),
+            "conflicts": sum(len(st.get("conflicts", [])) for st in modes.values()),
         }
 
 

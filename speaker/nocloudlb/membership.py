@@ -9,6 +9,7 @@ the tests see one small surface:
     m.set_meta(meta)         # re-gossip labels/health at once
     m.set_keys(keys)         # rotation: install all, use the first, remove the rest
     m.leave()                # graceful leave: peers fail over at once, without waiting
+    m.closed                 # True once kinship stopped on its own (the view is unknown: fail closed)
 
 Healing. ``on_heal(reason, node)`` (optional) is called from the event thread whenever the
 cluster may just have healed, i.e. the other nodes may have moved this node's VIPs away and
@@ -196,10 +197,12 @@ _EVENT_NAMES = {
 class Membership:
     def __init__(self, settings: MembershipSettings, on_change: Callable[[], None],
                  logger: logging.Logger | None = None,
-                 on_heal: Callable[[str, str], None] | None = None) -> None:
+                 on_heal: Callable[[str, str], None] | None = None,
+                 on_message: Callable[[str, bytes], None] | None = None) -> None:
         self.settings = settings
         self.on_change = on_change
         self.on_heal = on_heal
+        self.on_message = on_message  # (sender name, data) of a user message, on the event thread
         timing = settings.timing()
         # A pause longer than a probe round plus a suspicion may have got this node declared dead.
         self.pause_threshold = max(1.0, 2 * float(timing.get("probe_interval", 1.0)))
@@ -221,6 +224,9 @@ class Membership:
         self.first_join_done = threading.Event()
         self._decrypt_seen = 0
         self._lock = threading.Lock()
+        #: True once kinship stopped without leave() (an internal error): members() is meaningless then,
+        #: and the daemon fails closed (withdraws everything and exits so it is restarted).
+        self.closed = False
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self, meta: Mapping[str, str]) -> None:
@@ -331,11 +337,22 @@ class Membership:
                 if now - last_check > 5.0:
                     last_check = now
                     self._check_decrypt()
+            if not self._stop.is_set():  # the event stream ended: kinship closed on its own
+                event(self.log, "memberlistClosed", "membership stopped on an internal error", logging.ERROR)
+                self._set_closed()
         except kinship.KinshipClosed:
             if not self._stop.is_set():
                 event(self.log, "memberlistClosed", "membership stopped on an internal error", logging.ERROR)
+                self._set_closed()
         except Exception:  # keep the daemon informed, never die silently
             self.log.exception("membership event thread failed")
+            if not self._stop.is_set():
+                self._set_closed()  # no more events: the view would go stale, so it is unknown
+
+    def _set_closed(self) -> None:
+        """The gossip layer stopped on its own: the view of the cluster is unknown from now on."""
+        self.closed = True
+        self.on_change()
 
     def _handle(self, ev: Any) -> None:
         if isinstance(ev, kinship.EventsLost):
@@ -343,6 +360,11 @@ class Membership:
             self.on_change()
             return
         if isinstance(ev, kinship.UserMessage):
+            if self.on_message is not None and ev.sender is not None:
+                try:
+                    self.on_message(ev.sender.name, bytes(ev.data))
+                except Exception:  # noqa: BLE001 - a bad message never stops the event thread
+                    self.log.debug("user message handler failed", exc_info=True)
             return
         member = getattr(ev, "member", None)
         if isinstance(ev, kinship.NameConflict):
@@ -448,6 +470,8 @@ class Membership:
         try:
             for m in cl.members():
                 out[m.name] = _view(m)
+            if not out and not self._stop.is_set():
+                raise kinship.KinshipClosed("no local member: the cluster is closed")
             with self._lock:
                 known = set(self._known)
             for name in known - set(out):
@@ -455,7 +479,8 @@ class Membership:
                 if tomb is not None:
                     out[name] = _view(tomb)
         except kinship.KinshipClosed:
-            pass
+            if not self._stop.is_set() and not self.closed:
+                self._set_closed()
         return sorted(out.values(), key=lambda v: v.name)
 
     def stats(self) -> dict[str, int]:
@@ -481,6 +506,12 @@ class Membership:
         if self.cluster is None:
             return
         self.cluster.set_meta(dict(meta), timeout=2.0)
+
+    def send(self, name: str, data: bytes, timeout: float = 1.0) -> None:
+        """Send ``data`` to the live member ``name`` (best effort; kinship's user message)."""
+        if self.cluster is None:
+            raise RuntimeError("membership is not started")
+        self.cluster.send(name, data, timeout=timeout)
 
     def set_keys(self, keys: list[str]) -> list[str]:
         """Rotate to ``keys``: install every one, encrypt with the first, drop the others.

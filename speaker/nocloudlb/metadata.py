@@ -5,18 +5,34 @@ Keys (all short, values are ASCII):
 ``v``  encoding version ("1").
 ``c``  hash of the whole resources list (8 hex digits): peers running another config
        version are detected and reported.
-``s``  hash of the ordered list of Local-policy service keys (8 hex digits): the index
+``s``  hash of the ordered list of Local-policy service ids (8 hex digits): the index
        space of ``h``.
 ``h``  per-service local health as a bitmap, bit *i* set when the *i*-th Local-policy
-       service (sorted "namespace/name" keys) passes its health check on this node;
-       zlib-compressed, then base64. 1,000 services take at most 184 characters (a
-       random bitmap), usually ~20 (all healthy or all failing compress to a few bytes).
+       service passes its health check on this node; zlib-compressed, then base64. 1,000
+       services take at most 184 characters (a random bitmap), usually ~20 (all healthy or
+       all failing compress to a few bytes).
+``a``  / ``r``  the ids of the Local-policy services this node's config added / removed
+       since the config it ran before (base64 of 3-byte ids; absent when there was none or
+       more than ``MAX_DIFF``).
 ``l``  the labels that matter for election, as compact JSON: the drain label and the
        label keys used by the L2Advertisements' node selectors. Other labels stay local.
+``m``  the MACs of the interfaces this node announces VIPs on (base64 of 6-byte MACs, at
+       most ``MAX_MACS``): peers recognise its answers by them (layer-2 mode).
 
-A peer whose ``s`` differs from ours has a bitmap we cannot read: it is counted as having
-no healthy Local service until both run the same config (conservative: Local-policy VIPs
-never go to a node whose health is unknown).
+Stable per-service ids. Each Local-policy service has a stable id, the first 3 bytes of
+``sha256(namespace/name)``; the bitmap is ordered by id. A config rollout that adds (or
+removes) a Local service changes ``s``; a peer still reads the other services' health:
+a reader tries, in turn, its own id list, the list of the config it ran before, and its own
+list with the publisher's ``a``/``r`` applied (the publisher's list when the reader runs the
+publisher's previous config), and uses the one whose hash is ``s``. Only a service a peer
+does not know is unknown there (counted unhealthy: conservative, Local-policy VIPs never go
+to a node whose health for them is unknown). Two services with one id are refused at load.
+
+``worst_case_size`` is the largest metadata a config can produce (every selector label set
+to a 63-character value, a bitmap that does not compress, the most MACs; ``a``/``r`` are sent
+only when they fit);
+a config whose worst case does not fit in ``MAX_META`` bytes is refused at load, so
+publishing never fails for size at run time.
 """
 
 from __future__ import annotations
@@ -29,10 +45,19 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 VERSION = "1"
+MAX_META = 512  # kinship's limit on encoded metadata
+MAX_MACS = 4
+MAX_DIFF = 16
+MAX_LABEL_VALUE = 63
 
 
 def list_hash(keys: Iterable[str]) -> str:
     return hashlib.sha256("\n".join(keys).encode()).hexdigest()[:8]
+
+
+def service_id(key: str) -> str:
+    """The stable id of a Local-policy service (6 hex digits)."""
+    return hashlib.sha256(key.encode()).hexdigest()[:6]
 
 
 def encode_bitmap(order: list[str], healthy: Iterable[str]) -> str:
@@ -46,8 +71,36 @@ def encode_bitmap(order: list[str], healthy: Iterable[str]) -> str:
 
 
 def decode_bitmap(order: list[str], text: str) -> frozenset[str]:
-    bits = zlib.decompress(base64.b64decode(text.encode("ascii"), validate=True))
+    bits = zlib.decompressobj().decompress(base64.b64decode(text.encode("ascii"), validate=True), 1 << 16)
     return frozenset(key for i, key in enumerate(order) if i // 8 < len(bits) and bits[i // 8] >> (i % 8) & 1)
+
+
+def _pack_ids(ids: Iterable[str]) -> str:
+    return base64.b64encode(b"".join(bytes.fromhex(i) for i in sorted(ids))).decode("ascii")
+
+
+def _unpack_ids(text: str) -> set[str]:
+    raw = base64.b64decode(text.encode("ascii"), validate=True)
+    if len(raw) % 3:
+        raise ValueError("service ids are 3 bytes each")
+    return {raw[i:i + 3].hex() for i in range(0, len(raw), 3)}
+
+
+def pack_macs(macs: Iterable[bytes]) -> str:
+    return base64.b64encode(b"".join(sorted(set(macs))[:MAX_MACS])).decode("ascii")
+
+
+def unpack_macs(text: str) -> frozenset[bytes]:
+    raw = base64.b64decode(text.encode("ascii"), validate=True)
+    if len(raw) % 6 or len(raw) > 6 * MAX_MACS:
+        raise ValueError(f"MACs are 6 bytes each, at most {MAX_MACS}")
+    return frozenset(raw[i:i + 6] for i in range(0, len(raw), 6))
+
+
+def meta_size(meta: Mapping[str, str]) -> int:
+    """An upper bound of kinship's encoded size of ``meta`` (measured: 1 + 2 per entry + text; 4 per
+    entry here to cover longer length prefixes)."""
+    return 1 + sum(len(k.encode()) + len(v.encode()) + 4 for k, v in meta.items())
 
 
 @dataclass(frozen=True)
@@ -55,45 +108,112 @@ class PeerInfo:
     labels: dict[str, str]
     healthy: frozenset[str]
     config_hash: str
-    health_known: bool  # False when the peer's Local-service list differs from ours
+    health_known: bool  # False when no id list we know has the peer's hash
     error: str = ""
+    macs: frozenset[bytes] = frozenset()
 
 
 class MetaCodec:
-    """Encoder/decoder bound to one config: its Local-service order and relevant label keys."""
+    """Encoder/decoder bound to one config: its Local-service ids and relevant label keys.
 
-    def __init__(self, local_services: Iterable[str], label_keys: Iterable[str], config_hash: str) -> None:
-        self.order = sorted(set(local_services))
-        self.order_hash = list_hash(self.order)
+    ``previous``: the Local-policy service keys of the config this node ran before (for the
+    ``a``/``r`` diff and to read peers that still run it)."""
+
+    def __init__(self, local_services: Iterable[str], label_keys: Iterable[str], config_hash: str,
+                 previous: Iterable[str] | None = None) -> None:
+        keys = sorted(set(local_services))
+        self.ids = {key: service_id(key) for key in keys}
+        by_id: dict[str, str] = {}
+        self.collisions: list[tuple[str, str]] = []
+        for key, sid in self.ids.items():
+            if sid in by_id:
+                self.collisions.append((by_id[sid], key))
+            by_id[sid] = key
+        self.by_id = by_id
+        self.order_ids = sorted(by_id)
+        self.order = [by_id[i] for i in self.order_ids]  # keys, in id order
+        self.order_hash = list_hash(self.order_ids)
         self.label_keys = frozenset(label_keys)
         self.config_hash = config_hash
+        self.prev_ids: list[str] | None = None
+        self.added: set[str] = set()
+        self.removed: set[str] = set()
+        if previous is not None:
+            prev = {service_id(k) for k in set(previous)}
+            self.prev_ids = sorted(prev)
+            self.added, self.removed = set(by_id) - prev, prev - set(by_id)
 
-    def encode(self, labels: Mapping[str, str], healthy: Iterable[str]) -> dict[str, str]:
+    def encode(self, labels: Mapping[str, str], healthy: Iterable[str],
+               macs: Iterable[bytes] = ()) -> dict[str, str]:
         relevant = {k: v for k, v in sorted(labels.items()) if k in self.label_keys}
-        return {
+        meta = {
             "v": VERSION,
             "c": self.config_hash,
             "s": self.order_hash,
             "h": encode_bitmap(self.order, healthy),
             "l": json.dumps(relevant, separators=(",", ":"), ensure_ascii=True),
         }
+        mac_list = list(macs)
+        if mac_list:
+            meta["m"] = pack_macs(mac_list)
+        if (self.added or self.removed) and len(self.added) <= MAX_DIFF and len(self.removed) <= MAX_DIFF:
+            diff = {"a": _pack_ids(self.added)} if self.added else {}
+            if self.removed:
+                diff["r"] = _pack_ids(self.removed)
+            if meta_size(meta | diff) <= MAX_META:  # only when it fits: it helps a rollout, it is not needed
+                meta.update(diff)
+        return meta
+
+    def worst_case_size(self) -> int:
+        """The size of the largest metadata this config can produce (see the module docstring)."""
+        n = len(self.order_ids)
+        raw = (n + 7) // 8
+        bitmap = 4 * ((raw + 11 + 2) // 3)  # zlib stores what it cannot compress: at most +11 bytes
+        meta = {"v": VERSION, "c": "0" * 8, "s": "0" * 8, "h": "x" * bitmap,
+                "l": json.dumps({k: "v" * MAX_LABEL_VALUE for k in sorted(self.label_keys)},
+                                separators=(",", ":"), ensure_ascii=True),
+                "m": "x" * (4 * ((6 * MAX_MACS + 2) // 3))}
+        return meta_size(meta)
+
+    def _orders(self, meta: Mapping[str, str]) -> list[list[str]]:
+        """Id lists the publisher may have used, most likely first."""
+        out = [self.order_ids]
+        if self.prev_ids is not None:
+            out.append(self.prev_ids)
+        try:
+            added = _unpack_ids(meta["a"]) if meta.get("a") else set()
+            removed = _unpack_ids(meta["r"]) if meta.get("r") else set()
+        except ValueError:
+            return out
+        if added or removed:
+            out.append(sorted((set(self.order_ids) | added) - removed))
+        return out
 
     def decode(self, meta: Mapping[str, str]) -> PeerInfo:
+        chash = str(meta.get("c", ""))
         if meta.get("v") != VERSION:
-            return PeerInfo({}, frozenset(), meta.get("c", ""), False,
-                            f"unknown metadata version {meta.get('v')!r} (expected {VERSION!r})")
+            return PeerInfo({}, frozenset(), chash, False,
+                            f"unknown metadata version {str(meta.get('v'))[:20]!r} (expected {VERSION!r})")
         try:
             labels = json.loads(meta.get("l", "{}"))
             if not isinstance(labels, dict):
                 raise ValueError("labels are not an object")
             labels = {str(k): str(v) for k, v in labels.items()}
-        except ValueError as exc:
-            return PeerInfo({}, frozenset(), meta.get("c", ""), False, f"bad labels in metadata: {exc}")
-        if meta.get("s") != self.order_hash:
-            return PeerInfo(labels, frozenset(), meta.get("c", ""), False,
-                            "Local-policy service list differs from ours (another config version)")
+        except (ValueError, RecursionError) as exc:
+            return PeerInfo({}, frozenset(), chash, False, f"bad labels in metadata: {str(exc)[:200]}")
+        macs: frozenset[bytes] = frozenset()
+        if meta.get("m"):
+            try:
+                macs = unpack_macs(meta["m"])
+            except ValueError:
+                macs = frozenset()
+        order = next((o for o in self._orders(meta) if list_hash(o) == meta.get("s")), None)
+        if order is None:
+            return PeerInfo(labels, frozenset(), chash, False,
+                            "Local-policy service list differs from ours (another config version)", macs)
         try:
-            healthy = decode_bitmap(self.order, meta.get("h", ""))
+            bits = decode_bitmap(order, meta.get("h", ""))
         except (ValueError, zlib.error) as exc:
-            return PeerInfo(labels, frozenset(), meta.get("c", ""), False, f"bad health bitmap: {exc}")
-        return PeerInfo(labels, healthy, meta.get("c", ""), True)
+            return PeerInfo(labels, frozenset(), chash, False, f"bad health bitmap: {str(exc)[:200]}", macs)
+        healthy = frozenset(self.by_id[i] for i in bits if i in self.by_id)
+        return PeerInfo(labels, healthy, chash, True, "", macs)

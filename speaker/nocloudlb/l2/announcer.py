@@ -76,7 +76,8 @@ class _Iface:
     holder: dict = field(default_factory=dict)  # group -> socket that joined it (None: PACKET_MR_MULTICAST)
     answer: set[bytes] = field(default_factory=set)  # packed IPs answered on this interface
     groups: Counter = field(default_factory=Counter)  # solicited-node group -> number of VIPs
-    queue: deque = field(default_factory=deque)  # (ip, gen, frame, kind); kind "mcast": frame is a group
+    queue: deque = field(default_factory=deque)  # (ip, gen, frame, kind, series); "mcast": frame is a group
+    dropped: int = 0  # gratuitous frames dropped: superseded, or the queue was full
     tokens: float = 0.0
     refilled: float = 0.0
     sent: Counter = field(default_factory=Counter)  # kind -> frames
@@ -114,6 +115,7 @@ class L2Announcer:
         burst: int = 100,
         rescan_interval: float = 5.0,
         conflict_retry: float = 30.0,
+        max_queue: int = 65536,
         registry: CollectorRegistry | None = REGISTRY,
         is_peer_mac: Callable[[bytes], bool] | None = None,
     ) -> None:
@@ -136,6 +138,7 @@ class L2Announcer:
         self.burst = burst
         self.rescan_interval = rescan_interval
         self.conflict_retry = conflict_retry
+        self.max_queue = max(16, int(max_queue))
         self.metrics = l2_metrics(registry)
 
         self._lock = threading.RLock()
@@ -278,6 +281,8 @@ class L2Announcer:
                 "reannounced": dict(self._counts["reannounced"]),
                 "queued": {n: len(i.queue) for n, i in self._ifaces.items()},
                 "frames_sent": {n: dict(i.sent) for n, i in self._ifaces.items()},
+                "frames_dropped": {n: i.dropped for n, i in self._ifaces.items()},
+                "macs": {n: arp.mac_str(i.mac) for n, i in self._ifaces.items()},
             }
 
     # -- state changes (called with the lock held) ----------------------------------------
@@ -307,7 +312,7 @@ class L2Announcer:
 
     def _start_series(self, vip: _Vip, now: float) -> None:
         """A new gratuitous schedule on every interface of ``vip``; the rounds still due of any earlier one
-        are dropped (queued frames still leave)."""
+        are dropped, and so are its frames still queued (they would only repeat the new schedule's)."""
         vip.series += 1
         self._schedule(now, "garp", vip, (0, tuple(sorted(vip.ifaces)), vip.series))
 
@@ -363,7 +368,7 @@ class L2Announcer:
     def _join(self, iface: _Iface, group: bytes) -> None:
         iface.groups[group] += 1
         if iface.groups[group] == 1:
-            iface.queue.append(("", 0, group, "mcast"))
+            iface.queue.append(("", 0, group, "mcast", 0))
 
     def _leave(self, iface: _Iface, group: bytes) -> None:
         if iface.groups[group] <= 0:
@@ -371,7 +376,7 @@ class L2Announcer:
         iface.groups[group] -= 1
         if iface.groups[group] == 0:
             del iface.groups[group]
-            iface.queue.append(("", 0, group, "mcast"))
+            iface.queue.append(("", 0, group, "mcast", 0))
 
     def _reconcile_group(self, iface: _Iface, group: bytes) -> bool:
         """Make the kernel membership of ``group`` match the wanted count; True if it changed."""
@@ -462,7 +467,7 @@ class L2Announcer:
                 pass
         iface.answer.clear()
         now = time.monotonic()
-        for ip, gen, _frame, kind in iface.queue:  # probes that will never leave: do not stall the check
+        for ip, gen, _frame, kind, _series in iface.queue:  # probes that will never leave: do not stall the check
             if kind == "mcast":
                 continue
             vip = self._current(ip, gen)
@@ -612,7 +617,7 @@ class L2Announcer:
                         continue
                     frame = (arp.probe(iface.mac, vip.packed) if vip.version == 4
                              else ndp.solicitation(iface.mac, vip.packed))
-                    iface.queue.append((ip, gen, frame, "probe"))
+                    iface.queue.append((ip, gen, frame, "probe", 0))
                     vip.probes_pending += 1
                 if vip.probes_pending == 0:
                     self._probe_sent(vip, now)
@@ -631,11 +636,14 @@ class L2Announcer:
                     iface = self._ifaces.get(name)
                     if iface is None or name not in vip.ifaces:
                         continue
-                    if vip.version == 4:
-                        for frame in arp.gratuitous(iface.mac, vip.packed):
-                            iface.queue.append((ip, gen, frame, "gratuitous"))
-                    else:
-                        iface.queue.append((ip, gen, ndp.unsolicited_na(iface.mac, vip.packed), "gratuitous"))
+                    frames = (arp.gratuitous(iface.mac, vip.packed) if vip.version == 4
+                              else [ndp.unsolicited_na(iface.mac, vip.packed)])
+                    if len(iface.queue) + len(frames) > self.max_queue:
+                        # bounded: a round that does not fit is dropped (the next round comes anyway)
+                        iface.dropped += len(frames)
+                        continue
+                    for frame in frames:
+                        iface.queue.append((ip, gen, frame, "gratuitous", series))
                 if rnd + 1 < self.garp_rounds:
                     self._schedule(now + self.garp_interval, "garp", vip, (rnd + 1, names, series))
 
@@ -664,7 +672,7 @@ class L2Announcer:
             iface.refilled = now
             budget = 512  # frames per loop pass, so receiving is never starved
             while iface.queue and iface.tokens >= 1.0 and budget > 0:
-                ip, gen, frame, kind = iface.queue.popleft()
+                ip, gen, frame, kind, series = iface.queue.popleft()
                 if kind == "mcast":
                     if self._reconcile_group(iface, frame):
                         budget -= 1
@@ -674,6 +682,9 @@ class L2Announcer:
                 vip = self._current(ip, gen)
                 if vip is None or vip.state != ("announcing" if kind == "gratuitous" else "checking"):
                     continue  # withdrawn (or check abandoned) meanwhile: drop without spending a token
+                if kind == "gratuitous" and series != vip.series:
+                    iface.dropped += 1
+                    continue  # superseded by a newer schedule (reannounce): its own frames are queued
                 budget -= 1
                 iface.tokens -= 1.0
                 ok = self._send(iface, frame)

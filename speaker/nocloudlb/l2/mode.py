@@ -1,0 +1,419 @@
+"""Layer-2 mode: the speaker's decision for ARP/NDP, carried out (see nocloudlb.modes).
+
+``apply(me, nodes, parsed)``, with ``nodes`` the published view of the cluster:
+
+1. for every VIP (each service's ``status.loadBalancer.ingress``), ``layer2_decision`` (pure, in
+   the core), gated by the speaker (``notReady`` before the first join, ``joinRefused`` when peers
+   refuse our gossip);
+2. withdraw first: VIPs this node no longer leads stop being answered at once
+   (``L2Announcer.set_announced``); the end of their handover forwarding is queued for the
+   forwarder's worker (nft never runs on this thread);
+3. ``delivery.sync_lo_vips`` with every VIP this node may serve (its L2Advertisements select it),
+   then announce: a VIP is announced only once it is on ``lo`` (if adding it fails, it is not
+   announced); a VIP taken over from a live member (a planned move) is announced once its
+   handover forwarding is in place (or after ``HANDOVER_WAIT`` s);
+4. overlay what the L2 layer really does with each VIP it was given (``checking`` during the
+   RFC 5227 check, ``announcing``, ``conflict``), and log ``serviceAnnounced`` /
+   ``serviceWithdrawn`` on every change.
+
+The RFC 5227 check is skipped for a VIP gained from a member this node saw lead it (failover,
+drain, leave); answers from members' MACs (each member publishes the MACs of the interfaces it
+announces on) are a handover, never a conflict.
+
+Heals (``on_heal``): re-announce only what may have moved behind this node's back: after this
+node was doubted (``refuted``) or paused (``resumed``), every VIP it leads; after a peer came back
+(``memberJoined``), the VIPs it leads for which that peer is a candidate; a refuted suspicion of a
+peer (``memberRecovered``) moved nothing and re-announces nothing.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from prometheus_client import Counter
+
+from nocloudlb.core.election import NodeView, layer2_candidates, layer2_decision
+
+from .. import logs
+
+log = logging.getLogger("nocloudlb.speaker")
+
+REANNOUNCED = Counter("nocloudlb_speaker_reannounced",
+                      "Times this node re-announced the VIPs it leads after the cluster healed", ["reason"])
+
+HANDOVER_WAIT = 2.0  # seconds a planned move waits for its forwarding before it is announced anyway
+
+
+@dataclass
+class VipRow:
+    ip: str
+    service: str
+    pool: str
+    leader: str | None
+    announcing: bool  # the election's answer until ``with_l2`` overlays the L2 layer's
+    reason: str
+    interfaces: list[str]
+    on_lo: bool
+    l2_state: str = ""  # the announcer's state: "" (not given to it) | checking | announcing | conflict
+    conflict: dict | None = None  # ip, mac, iface, at of the other MAC that answers for it
+
+    def view(self) -> dict[str, Any]:
+        return {"ip": self.ip, "service": self.service, "pool": self.pool, "leader": self.leader,
+                "announcing": self.announcing, "reason": self.reason, "interfaces": self.interfaces,
+                "onLo": self.on_lo, "l2State": self.l2_state, "conflict": self.conflict}
+
+
+@dataclass
+class L2View:
+    """What the announcer does: ip -> state, and ip -> conflict record. ``known`` False: no stats."""
+
+    states: dict[str, str]
+    conflicts: dict[str, dict]
+    known: bool = True
+
+
+def with_l2(rows: list[VipRow], l2: L2View) -> list[VipRow]:
+    """Rows as the segment sees them: a VIP this node won is announcing only when the L2 layer says so.
+
+    Won but still under the RFC 5227 check: reason ``conflictCheck``; another MAC answered (also
+    while the announcer re-checks a conflicted address): reason ``ipConflict`` with the conflict.
+    """
+    out = []
+    for r in rows:
+        state = l2.states.get(r.ip, "")
+        conflict = l2.conflicts.get(r.ip)
+        if not r.announcing or not l2.known:
+            out.append(replace(r, l2_state=state, conflict=conflict))
+        elif state == "announcing":
+            out.append(replace(r, l2_state=state, conflict=None))
+        elif conflict is not None or state == "conflict":
+            out.append(replace(r, announcing=False, reason="ipConflict", l2_state=state, conflict=conflict))
+        elif state == "checking":
+            out.append(replace(r, announcing=False, reason="conflictCheck", l2_state=state))
+        else:  # not (yet) taken by the announcer
+            out.append(replace(r, announcing=False, reason="l2Pending", l2_state=state))
+    return out
+
+
+def neighbour_table(ips: set[str]) -> dict[str, str]:
+    """``ip -> MAC`` (lowercase, colons) from the kernel's neighbour table (ARP and NDP), for ``ips``."""
+    if not ips:
+        return {}
+    from pyroute2 import IPRoute  # noqa: PLC0415
+
+    out: dict[str, str] = {}
+    with IPRoute() as ipr:
+        for family in (socket.AF_INET, socket.AF_INET6):
+            for n in ipr.get_neighbours(family=family):
+                dst, lladdr = n.get("NDA_DST"), n.get("NDA_LLADDR")
+                if dst and lladdr and lladdr != "00:00:00:00:00:00":
+                    ip = str(ipaddress.ip_address(dst))
+                    if ip in ips:
+                        out[ip] = lladdr.lower()
+    return out
+
+
+def member_ip(addr: str) -> str | None:
+    """The IP of a member's gossip address "ip:port" or "[ip6]:port"; None for a host name."""
+    try:
+        return str(ipaddress.ip_address(addr.rpartition(":")[0].strip("[]")))
+    except ValueError:
+        return None
+
+
+def _mac_text(mac: bytes) -> str:
+    return ":".join(f"{b:02x}" for b in mac)
+
+
+class L2Mode:
+    """See the module docstring. ``gate()`` -> "" or the reason this node may not announce at all;
+    ``member_macs()`` -> member name -> the MACs it published (this node excluded)."""
+
+    name = "l2"
+
+    def __init__(self, announcer: Any, delivery: Any, state_dir: str, *,
+                 gate: Callable[[], str] = lambda: "",
+                 member_macs: Callable[[], dict[str, frozenset[bytes]]] = dict,
+                 handover: Any = None, post: Callable[[], None] = lambda: None) -> None:
+        self.announcer = announcer
+        self.delivery = delivery
+        self.state_dir = state_dir
+        self.gate = gate
+        self.member_macs = member_macs
+        self.handover = handover
+        self.post = post
+        self.me = ""
+        self._lock = threading.Lock()
+        self._rows: list[VipRow] = []
+        self._prev: dict[tuple[str, str], tuple[bool, str]] = {}
+        self._lo: set[str] = set()  # VIPs confirmed on lo by the last successful sync
+        self._lo_wanted: set[str] | None = None
+        self._announced: dict[str, list[str]] = {}  # what set_announced was last given
+        self._leaders: dict[str, str] = {}
+        self._candidates: dict[str, list[str]] = {}  # ip -> candidates (this node's last decision)
+        self._waiting: dict[str, float] = {}  # planned moves waiting for their forwarding: ip -> deadline
+        self._ready: set[str] = set()  # planned moves whose forwarding ran
+        self._forwarding: set[str] = set()
+        self._busy = False
+
+    # -- Mode ------------------------------------------------------------------------------
+    def start(self) -> None:
+        self.announcer.start()
+        if self.handover is not None:
+            self.handover.start()
+
+    def apply(self, me: str, nodes: list[NodeView], parsed: Any) -> None:
+        self.me = me
+        gate = self.gate()
+        states = {n.name: n.state for n in nodes}
+        my_view = next((n for n in nodes if n.name == me), NodeView(me, {}, "dead"))
+        rows: list[VipRow] = []
+        skip: set[str] = set()
+        handed: dict[str, str] = {}
+        announce: dict[str, list[str] | None] = {}
+        lo: set[str] = set()
+        candidates: dict[str, list[str]] = {}
+        for svc in parsed.services:
+            for ip in svc.ingress_ips:
+                pool = parsed.pool_for_ip(ip)
+                if pool is None:
+                    rows.append(VipRow(ip, svc.key, "", None, False, "notInAnyPool", [], False))
+                    continue
+                ads = parsed.l2_advertisements_for_pool(pool.name)
+                leader, reason = layer2_decision(me, nodes, ads, svc, ip)
+                if reason == "":
+                    candidates[ip] = layer2_candidates(nodes, ads, svc)
+                if reason == "" and gate:
+                    reason = gate
+                if reason == "" and ip not in self._announced:
+                    # gained from a member we saw lead it (failover, drain, leave): skip the RFC 5227
+                    # check, it would only cost failover time. Otherwise (first start, a new VIP, a
+                    # restart that preempts) check: answers from members' MACs are a handover and
+                    # ignored (is_peer_mac), any other MAC is a conflict and never fought.
+                    before = self._leaders.get(ip)
+                    if before and before != me:
+                        skip.add(ip)
+                        if states.get(before) == "alive":
+                            handed[ip] = before  # a planned move: its in-flight connections go on there
+                mine = [a for a in ads if a.selects_service(svc.labels) and a.selects_node(my_view.labels)]
+                ifaces = [] if any(not a.interfaces for a in mine) else sorted({i for a in mine for i in a.interfaces})
+                if mine:
+                    lo.add(ip)
+                if reason == "":
+                    prev = announce.get(ip)
+                    if prev is None:
+                        announce[ip] = ifaces
+                    elif prev and ifaces:
+                        announce[ip] = sorted(set(prev) | set(ifaces))
+                    else:
+                        announce[ip] = []
+                rows.append(VipRow(ip, svc.key, pool.name, leader, reason == "", reason, ifaces, bool(mine)))
+        final = {ip: v or [] for ip, v in announce.items()}
+
+        # 1. withdraw first: stop answering for what this node no longer leads, before anything slow
+        kept = {ip: ifs for ip, ifs in self._announced.items() if ip in final}
+        if len(kept) != len(self._announced):
+            self.announcer.set_announced(kept)
+            self._announced = kept
+        lost = [ip for ip in self._forwarding if ip not in final]
+        if lost and self.handover is not None:
+            self._forwarding.difference_update(lost)
+            self.handover.stop_async(lost)
+        for ip in [ip for ip in self._waiting if ip not in final]:
+            self._waiting.pop(ip, None)
+            self._ready.discard(ip)
+
+        # 2. every VIP this node may serve on lo, before any of them is announced
+        if lo != self._lo_wanted or not lo <= self._lo:
+            try:
+                self.delivery.sync_lo_vips(lo, state_file=os.path.join(self.state_dir, "lo-vips.json"))
+                self._lo = set(lo)
+                self._lo_wanted = set(lo)
+            except Exception as exc:  # noqa: BLE001 - report; VIPs not on lo are not announced; retried
+                logs.event(log, "loSyncFailed", str(exc)[:500], logging.ERROR)
+                self._lo &= lo
+                self._lo_wanted = None
+        held = {ip: ifs for ip, ifs in final.items() if ip in self._lo}
+        for r in rows:
+            if r.announcing and r.ip not in self._lo:
+                r.announcing, r.reason = False, "notOnLo"
+
+        # 3. planned moves: forwarding first (in the forwarder's worker), then announce
+        now = time.monotonic()
+        if self.handover is not None and handed:
+            self._plan_handover({ip: n for ip, n in handed.items() if ip in held}, held, now)
+        for ip in list(self._waiting):
+            if ip in self._ready or now >= self._waiting[ip]:
+                self._waiting.pop(ip)
+                self._ready.discard(ip)
+                skip.add(ip)
+        for ip in self._waiting:
+            held.pop(ip, None)
+        if held != self._announced:
+            self.announcer.set_announced(held, skip_check=skip & set(held))
+            self._announced = held
+        leaders = {r.ip: r.leader for r in rows if r.leader}
+        for ip, leader in leaders.items():  # not announced yet (waiting, not on lo): still gained from before
+            if leader == me and ip not in self._announced and self._leaders.get(ip) not in (None, me):
+                leaders[ip] = self._leaders[ip]
+        self._leaders = leaders
+        self._candidates = candidates
+        seen = with_l2(rows, self.l2_view())
+        self._busy = bool(self._waiting) or any(r.l2_state == "checking" and r.reason == "conflictCheck"
+                                                for r in seen)
+        self._log_changes(seen, me)
+        with self._lock:
+            self._rows = rows
+
+    def _plan_handover(self, handed: dict[str, str], held: dict[str, list[str]], now: float) -> None:
+        """Queue the forwarding of each planned move to its old owner's published MAC; the VIP waits."""
+        macs = self.member_macs()
+        all_ifaces = self.announcer.stats().get("interfaces", [])
+        moves: dict[str, tuple[str, list[str]]] = {}
+        for ip, node in handed.items():
+            if ip in self._waiting:
+                continue  # its forwarding is being set up already
+            theirs = sorted(macs.get(node) or ())
+            if not theirs:
+                continue  # nothing published: announce at once, no forwarding
+            moves[ip] = (_mac_text(theirs[0]), held[ip] or all_ifaces)
+        if not moves:
+            return
+        for ip in moves:
+            self._waiting[ip] = now + HANDOVER_WAIT
+
+        wanted = sorted(moves)
+
+        def done(ips: list[str]) -> None:
+            with self._lock:
+                keep = [ip for ip in ips if ip in self._waiting or ip in self._announced]
+                self._forwarding.update(keep)
+                self._ready.update(wanted)
+            gone = sorted(set(ips) - set(keep))
+            if gone:  # lost again while the forwarding was being set up
+                self.handover.stop_async(gone)
+            self.post()
+
+        self.handover.forward_async(moves, done)
+
+    def withdraw_all(self) -> None:
+        self.announcer.set_announced({})
+        self._announced = {}
+        self._waiting.clear()
+        if self.handover is not None and self._forwarding:
+            self.handover.stop_async(sorted(self._forwarding))
+            self._forwarding.clear()
+        with self._lock:
+            self._rows = [replace(r, announcing=False, reason="withdrawn") if r.announcing else r
+                          for r in self._rows]
+        self._log_changes(self._rows, self.me, reason="withdrawn")
+
+    def status(self) -> dict:
+        rows, l2 = self.rows()
+        return {"vips": [r.view() for r in rows],
+                "conflicts": sorted(l2.conflicts.values(), key=lambda c: c["ip"]),
+                "announced": sorted(self._announced), "forwarding": sorted(self._forwarding)}
+
+    def close(self) -> None:
+        try:
+            self.announcer.set_announced({})
+            self.announcer.stop()
+        finally:
+            if self.handover is not None:
+                self.handover.close()
+        for key, (announcing, _reason) in self._prev.items():
+            if announcing:
+                logs.event(log, "serviceWithdrawn", service=key[0], ip=key[1], reason="shutdown")
+        self._prev = {}
+
+    # -- optional hooks ----------------------------------------------------------------------
+    def busy(self) -> bool:
+        return self._busy
+
+    def meta(self) -> dict[str, Any]:
+        """The MACs this node answers from, published so peers know its answers (and forward to it)."""
+        try:
+            macs = self.announcer.stats().get("macs", {})
+        except (AttributeError, KeyError, TypeError):
+            return {}
+        return {"macs": sorted({bytes.fromhex(m.replace(":", "")) for m in macs.values()})}
+
+    def on_heal(self, heals: list[tuple[str, str]]) -> list[str]:
+        """Re-announce what may have moved behind this node's back (module docstring). Returns the IPs."""
+        led = sorted(ip for ip, leader in self._leaders.items() if leader == self.me and ip in self._announced)
+        if not led:
+            return []
+        reasons: dict[str, set[str]] = {}
+        want: set[str] = set()
+        for reason, node in heals:
+            if reason in ("refuted", "resumed"):
+                picked = set(led)
+            elif reason == "memberJoined":
+                picked = {ip for ip in led if node in self._candidates.get(ip, ())}
+            else:
+                picked = set()
+            if picked:
+                reasons.setdefault(reason, set()).add(node)
+                want |= picked
+        if not want:
+            return []
+        ips = self.announcer.reannounce(sorted(want))
+        if ips:
+            for reason in reasons:
+                REANNOUNCED.labels(reason).inc()
+            logs.event(log, "serviceReannounced", "the cluster healed: announcing again the VIPs this node leads "
+                       "that may have moved", reasons=sorted(reasons), nodes=sorted(set().union(*reasons.values())),
+                       count=len(ips), ips=ips[:50], node=self.me)
+        return ips
+
+    def is_peer_mac(self, mac: bytes) -> bool:
+        """A MAC another member published (answers from it are a handover, not a conflict)."""
+        return any(mac in macs for macs in self.member_macs().values())
+
+    # -- reading -----------------------------------------------------------------------------
+    def l2_view(self) -> L2View:
+        """The announcer's per-VIP state and conflicts, read now (it changes them on its own thread)."""
+        try:
+            vips = self.announcer.stats().get("vips", {})
+            conflicts = {c["ip"]: c for c in self.announcer.conflicts()}
+        except (AttributeError, KeyError, TypeError):  # an announcer without stats(): trust the election
+            return L2View({}, {}, known=False)
+        return L2View({ip: v.get("state", "") for ip, v in vips.items()}, conflicts)
+
+    def rows(self) -> tuple[list[VipRow], L2View]:
+        """Every VIP row with the L2 layer's live state overlaid, and that state."""
+        with self._lock:
+            rows = list(self._rows)
+        l2 = self.l2_view()
+        return with_l2(rows, l2), l2
+
+    def _log_changes(self, rows: list[VipRow], me: str, reason: str = "") -> None:
+        seen: dict[tuple[str, str], tuple[bool, str]] = {}
+        for r in rows:
+            key = (r.service, r.ip)
+            now = (r.announcing, r.reason)
+            seen[key] = now
+            before = self._prev.get(key)
+            if before == now:
+                continue
+            if r.announcing:
+                logs.event(log, "serviceAnnounced", service=r.service, ip=r.ip, node=me, pool=r.pool,
+                           protocol="layer2", interfaces=r.interfaces or "all eligible")
+            elif before is None or before[0] or before[1] != r.reason:
+                withdrawn = bool(before and before[0])
+                logs.event(log, "serviceWithdrawn" if withdrawn else "serviceNotAnnounced",
+                           level=logging.INFO if withdrawn else logging.DEBUG,
+                           service=r.service, ip=r.ip, reason=r.reason, leader=r.leader, node=me)
+        for key, was in self._prev.items():
+            if key not in seen and was[0]:
+                logs.event(log, "serviceWithdrawn", service=key[0], ip=key[1], reason=reason or "serviceDeleted",
+                           node=me)
+        self._prev = seen

@@ -1,0 +1,251 @@
+"""In-process speakers for tests of the decision path (no test here).
+
+A real ``Speaker`` (real config loading, real kinship membership on loopback, real health
+checker, control socket) whose layer-2 side effects are recorded instead of sent: raw sockets
+and addresses on ``lo`` of the machine running the tests are out of bounds, so the announcer
+and the delivery module are stand-ins that write every call into one journal, in order. What
+reaches the wire is tested in tests/netns with real speakers.
+
+Peers are real kinship members (``Membership``) publishing metadata built with the speaker's
+own codec, so the speaker decodes them exactly as it decodes another speaker.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+from nocloudlb.core.election import election_order
+from nocloudlb.daemon import Speaker
+from nocloudlb.membership import Membership, MembershipSettings
+
+POOL = "198.51.100.200-198.51.100.239"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(pred: Callable[[], Any], timeout: float = 10.0, what: str = "condition", step: float = 0.02) -> Any:
+    end = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out after {timeout}s waiting for: {what}")
+        time.sleep(step)
+
+
+def pool_docs(node_selectors: list | None = None) -> list[dict]:
+    adv: dict[str, Any] = {"ipAddressPools": ["default"]}
+    if node_selectors:
+        adv["nodeSelectors"] = node_selectors
+    return [
+        {"apiVersion": "metallb.io/v1beta1", "kind": "IPAddressPool", "metadata": {"name": "default"},
+         "spec": {"addresses": [POOL]}},
+        {"apiVersion": "metallb.io/v1beta1", "kind": "L2Advertisement", "metadata": {"name": "default"},
+         "spec": adv},
+    ]
+
+
+def service_doc(name: str, ip: str, policy: str = "Cluster") -> dict:
+    return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": "test"},
+            "spec": {"type": "LoadBalancer", "externalTrafficPolicy": policy,
+                     "ports": [{"port": 80, "protocol": "TCP"}]},
+            "status": {"loadBalancer": {"ingress": [{"ip": ip}]}}}
+
+
+def vips_led(nodes: list[str], per_node: int = 2) -> dict[str, str]:
+    """ip -> leader among ``nodes`` (hash order), ``per_node`` VIPs for each."""
+    out: dict[str, str] = {}
+    count = dict.fromkeys(nodes, 0)
+    for i in range(200, 240):
+        ip = f"198.51.100.{i}"
+        first = election_order(nodes, ip)[0]
+        if count[first] < per_node:
+            count[first] += 1
+            out[ip] = first
+        if all(c >= per_node for c in count.values()):
+            break
+    return out
+
+
+class Journal(list):
+    """Every side effect, in order: ("announce", {ip: ifaces}, skip), ("lo", {ips}), ("reannounce", [ips])."""
+
+    def announced(self) -> dict[str, list[str]]:
+        last = [e for e in self if e[0] == "announce"]
+        return dict(last[-1][1]) if last else {}
+
+    def ever_announced(self) -> set[str]:
+        return {ip for e in self if e[0] == "announce" for ip in e[1]}
+
+
+class RecordingAnnouncer:
+    """The L2Announcer's interface; records calls. ``fail`` makes set_announced raise (once per call)."""
+
+    MAC = "02:00:00:00:aa:01"
+
+    def __init__(self, journal: Journal, node_name: str, logger: logging.Logger,
+                 is_peer_mac: Callable[[bytes], bool] | None = None, **_kw: Any) -> None:
+        self.journal = journal
+        self.node_name = node_name
+        self.is_peer_mac = is_peer_mac
+        self.current: dict[str, list[str]] = {}
+        self.fail = 0
+        self.times: list[tuple[float, dict]] = []
+        self.ifaces = ["eth0"]
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+    def set_announced(self, vips: dict[str, list[str]], skip_check: Any = ()) -> None:
+        if self.fail:
+            self.fail -= 1
+            raise OSError("injected failure")
+        self.current = {ip: list(v) for ip, v in vips.items()}
+        self.times.append((time.monotonic(), dict(self.current)))
+        self.journal.append(("announce", dict(self.current), set(skip_check)))
+
+    def reannounce(self, ips: Any) -> list[str]:
+        done = [ip for ip in ips if ip in self.current]
+        self.journal.append(("reannounce", done))
+        return done
+
+    def stats(self) -> dict:
+        return {"interfaces": list(self.ifaces), "macs": dict.fromkeys(self.ifaces, self.MAC),
+                "vips": {ip: {"state": "announcing", "interfaces": list(self.ifaces)} for ip in self.current}}
+
+    def conflicts(self) -> list[dict]:
+        return []
+
+
+class RecordingDelivery:
+    """``nocloudlb.l2.delivery``'s interface; records what would be on lo. ``fail`` makes the sync raise."""
+
+    def __init__(self, journal: Journal) -> None:
+        self.journal = journal
+        self.fail = 0
+        self.on_lo: set[str] = set()
+
+    def prepare_host(self) -> dict:
+        return {}
+
+    def sync_lo_vips(self, ips: Any, state_file: Any = None) -> dict:
+        if self.fail:
+            self.fail -= 1
+            self.journal.append(("loFailed", set(ips)))
+            raise OSError("injected: cannot add an address to lo")
+        self.on_lo = set(ips)
+        self.journal.append(("lo", set(ips)))
+        return {"added": [], "removed": []}
+
+
+class Harness:
+    """Builds speakers and peers on loopback; ``close()`` stops all of them."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.speakers: list[Speaker] = []
+        self.peers: list[Membership] = []
+        self.ports: dict[str, int] = {}
+        self._signals = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+
+    def port(self, name: str) -> int:
+        if name not in self.ports:
+            self.ports[name] = free_port()
+        return self.ports[name]
+
+    def config(self, name: str, resources: list[dict], labels: dict | None = None, join: list[str] = (),
+               **extra: Any) -> dict:
+        d = self.tmp / name
+        d.mkdir(exist_ok=True)
+        doc = {"node": {"name": name, "labels": labels or {}},
+               "memberlist": {"bind": f"127.0.0.1:{self.port(name)}",
+                              "join": [f"127.0.0.1:{self.port(n)}" for n in join], "profile": "fast"},
+               "stateDir": str(d / "state"), "socket": str(d / "speaker.sock"), "metrics": {"bind": ""},
+               "logLevel": "info", "resources": resources}
+        doc.update(extra)
+        return doc
+
+    def write(self, name: str, doc: dict) -> Path:
+        path = self.tmp / name / "config.yaml"
+        path.write_text(yaml.safe_dump(doc))
+        return path
+
+    def speaker(self, name: str, resources: list[dict], join: list[str] = (), labels: dict | None = None,
+                **extra: Any) -> Speaker:
+        path = self.write(name, self.config(name, resources, labels, join, **extra))
+        journal = Journal()
+        delivery = RecordingDelivery(journal)
+        sp = Speaker(str(path), announcer_factory=lambda *a, **k: RecordingAnnouncer(journal, *a, **k),
+                     delivery=delivery)
+        sp.journal = journal  # type: ignore[attr-defined]
+        sp.delivery = delivery  # type: ignore[attr-defined]
+        ok, cfg = sp._load()
+        assert ok and cfg is not None, sp.holder.errors
+        self.speakers.append(sp)
+        sp._start(cfg)
+        return sp
+
+    def peer(self, name: str, meta: dict[str, str], join: list[str]) -> Membership:
+        settings = MembershipSettings(name, f"127.0.0.1:{self.port(name)}",
+                                      [f"127.0.0.1:{self.port(n)}" for n in join], None, "fast")
+        m = Membership(settings, on_change=lambda: None, logger=logging.getLogger(f"test.{name}"))
+        m.start(meta)
+        self.peers.append(m)
+        return m
+
+    def close(self) -> None:
+        for sp in self.speakers:
+            try:
+                sp._shutdown()
+            except Exception:  # noqa: BLE001, S110 - best effort
+                pass
+        for m in self.peers:
+            m.leave(timeout=0.3)
+        for sig, handler in self._signals.items():
+            signal.signal(sig, handler)
+
+
+def announcer_of(sp: Speaker) -> RecordingAnnouncer:
+    return sp.announcer
+
+
+def alive(sp: Speaker, names: set[str]) -> bool:
+    assert sp.membership is not None
+    return {m.name for m in sp.membership.members() if m.state == "alive"} >= names
+
+
+def mac_field(*macs: str) -> str:
+    """The ``m`` metadata field: base64 of 6-byte MACs."""
+    return base64.b64encode(b"".join(bytes.fromhex(m.replace(":", "")) for m in macs)).decode()
+
+
+def run_loop(sp: Speaker) -> tuple[threading.Thread, dict]:
+    """Run the speaker's decision loop in a thread; the result dict gets "code" or "error"."""
+    out: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            out["code"] = sp._loop()
+        except BaseException as exc:  # noqa: BLE001 - reported to the test
+            out["error"] = exc
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    return t, out
