@@ -206,3 +206,21 @@ def test_adding_a_local_service_on_one_node_keeps_every_vip_with_one_owner(harne
     assert not one & two, f"both nodes announce {sorted(one & two)} during the rollout"
     assert one | two >= set(vips), f"nobody announces {sorted(set(vips) - one - two)}"
     assert one == mine(vips, "s1") and two - {"198.51.100.239"} == mine(vips, "s2")
+
+
+# -- 15: graceful stop: withdraw, then leave -------------------------------------------------
+def test_graceful_stop_withdraws_before_it_leaves_the_cluster(harness):
+    sp, _peer, vips = two_nodes(harness)
+    assert set(sp.journal.announced()) == mine(vips, "s")
+    real_leave = sp.membership.leave
+    at_leave: dict = {}
+
+    def leave(timeout: float = 2.0) -> None:
+        # the moment peers learn we left, the successor announces: nothing may be answered here then
+        at_leave["announced"] = sp.journal.announced()
+        real_leave(timeout=timeout)
+
+    sp.membership.leave = leave
+    sp._shutdown()
+    assert "announced" in at_leave, "never left the cluster"
+    assert at_leave["announced"] == {}, f"still answering for {sorted(at_leave['announced'])} when it left"
