@@ -393,7 +393,7 @@ class Speaker:
             return "joinRefused"  # peers are up but refuse our gossip (wrong key): do not fight them
         return ""
 
-    def member_macs(self) -> dict[str, frozenset[bytes]]:
+    def member_macs(self) -> dict[str, tuple[bytes, ...]]:
         """Member -> the MACs it published (the members' VIP-interface MACs), this node excluded."""
         return {name: info.macs for name, info in dict(self._peers).items() if info.macs}
 

@@ -87,14 +87,15 @@ def _unpack_ids(text: str) -> set[str]:
 
 
 def pack_macs(macs: Iterable[bytes]) -> str:
-    return base64.b64encode(b"".join(sorted(set(macs))[:MAX_MACS])).decode("ascii")
+    """The first ``MAX_MACS`` distinct MACs, in the order given (the caller puts the ones in use first)."""
+    return base64.b64encode(b"".join(list(dict.fromkeys(macs))[:MAX_MACS])).decode("ascii")
 
 
-def unpack_macs(text: str) -> frozenset[bytes]:
+def unpack_macs(text: str) -> tuple[bytes, ...]:
     raw = base64.b64decode(text.encode("ascii"), validate=True)
     if len(raw) % 6 or len(raw) > 6 * MAX_MACS:
         raise ValueError(f"MACs are 6 bytes each, at most {MAX_MACS}")
-    return frozenset(raw[i:i + 6] for i in range(0, len(raw), 6))
+    return tuple(dict.fromkeys(raw[i:i + 6] for i in range(0, len(raw), 6)))
 
 
 def meta_size(meta: Mapping[str, str]) -> int:
@@ -110,7 +111,7 @@ class PeerInfo:
     config_hash: str
     health_known: bool  # False when no id list we know has the peer's hash
     error: str = ""
-    macs: frozenset[bytes] = frozenset()
+    macs: tuple[bytes, ...] = ()  # in the order published: the ones VIPs are announced from first
 
 
 class MetaCodec:
@@ -201,12 +202,12 @@ class MetaCodec:
             labels = {str(k): str(v) for k, v in labels.items()}
         except (ValueError, RecursionError) as exc:
             return PeerInfo({}, frozenset(), chash, False, f"bad labels in metadata: {str(exc)[:200]}")
-        macs: frozenset[bytes] = frozenset()
+        macs: tuple[bytes, ...] = ()
         if meta.get("m"):
             try:
                 macs = unpack_macs(meta["m"])
             except ValueError:
-                macs = frozenset()
+                macs = ()
         order = next((o for o in self._orders(meta) if list_hash(o) == meta.get("s")), None)
         if order is None:
             return PeerInfo(labels, frozenset(), chash, False,

@@ -43,6 +43,7 @@ from prometheus_client import Counter
 from nocloudlb.core.election import NodeView, layer2_candidates, layer2_decision
 
 from .. import logs
+from ..metadata import MAX_MACS
 
 log = logging.getLogger("nocloudlb.speaker")
 
@@ -141,7 +142,7 @@ class L2Mode:
 
     def __init__(self, announcer: Any, delivery: Any, state_dir: str, *,
                  gate: Callable[[], str] = lambda: "",
-                 member_macs: Callable[[], dict[str, frozenset[bytes]]] = dict,
+                 member_macs: Callable[[], dict[str, tuple[bytes, ...]]] = dict,
                  handover: Any = None, post: Callable[[], None] = lambda: None) -> None:
         self.announcer = announcer
         self.delivery = delivery
@@ -281,7 +282,7 @@ class L2Mode:
         for ip, node in handed.items():
             if ip in self._waiting:
                 continue  # its forwarding is being set up already
-            theirs = sorted(macs.get(node) or ())
+            theirs = list(macs.get(node) or ())  # the first: a MAC it announces VIPs from
             if not theirs:
                 continue  # nothing published: announce at once, no forwarding
             moves[ip] = (_mac_text(theirs[0]), held[ip] or all_ifaces)
@@ -341,10 +342,19 @@ class L2Mode:
     def meta(self) -> dict[str, Any]:
         """The MACs this node answers from, published so peers know its answers (and forward to it)."""
         try:
-            macs = self.announcer.stats().get("macs", {})
+            st = self.announcer.stats()
+            macs = st.get("macs", {})
+            used = {i for ifs in (st.get("announced") or {}).values() for i in ifs}
         except (AttributeError, KeyError, TypeError):
             return {}
-        return {"macs": sorted({bytes.fromhex(m.replace(":", "")) for m in macs.values()})}
+        # at most MAX_MACS travel: the interfaces VIPs are announced on first
+        names = sorted(macs, key=lambda n: (n not in used, n))
+        out: list[bytes] = []
+        for name in names:
+            mac = bytes.fromhex(macs[name].replace(":", ""))
+            if mac not in out:
+                out.append(mac)
+        return {"macs": out[:MAX_MACS]}
 
     def on_heal(self, heals: list[tuple[str, str]]) -> list[str]:
         """Re-announce what may have moved behind this node's back (module docstring). Returns the IPs."""
