@@ -144,6 +144,9 @@ class Speaker:
         self._peer_configs: dict[str, str] = {}
         self._loop_errors = 0
         self._view_waiters: dict[str, tuple[threading.Event, dict]] = {}
+        self._reloaded = threading.Condition()
+        self._reload_count = 0
+        self._last_reload: dict[str, Any] = {}
 
     @property
     def announcer(self) -> Any:
@@ -199,7 +202,28 @@ class Speaker:
                    services=len(cfg.parsed.services), l2Advertisements=len(cfg.parsed.l2_advertisements),
                    first=first)
 
+    def _reload_and_wait(self, timeout: float = 10.0) -> dict[str, Any]:
+        """The control socket's reload: run by the decision thread; answers with its outcome (errors,
+        and the settings that keep their running values until a restart)."""
+        with self._reloaded:
+            seen = self._reload_count
+            self.post("reload")
+            if not self._reloaded.wait_for(lambda: self._reload_count != seen, timeout):
+                return {"ok": True, "queued": True}
+            return dict(self._last_reload, queued=True)
+
     def reload(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"ok": False, "error": "the reload failed; see the log (loopError)"}
+        try:
+            out = self._reload()
+            return out
+        finally:  # an exception goes on to the loop's barrier; the waiting control request gets told
+            with self._reloaded:
+                self._last_reload = out
+                self._reload_count += 1
+                self._reloaded.notify_all()
+
+    def _reload(self) -> dict[str, Any]:
         ok, cfg = self._load()
         if ok and cfg is not None:
             self._apply_config(cfg, first=False)
@@ -469,8 +493,7 @@ class Speaker:
         if cmd == "label":
             return self._label(req)
         if cmd == "reload":
-            self.post("reload")
-            return {"ok": True, "queued": True}
+            return self._reload_and_wait()
         if cmd == "keys":
             return {"ok": True, "keyIds": self.membership.key_ids() if self.membership else []}
         if cmd == "peerView":

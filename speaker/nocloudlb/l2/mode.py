@@ -224,9 +224,10 @@ class L2Mode:
         if len(kept) != len(self._announced):
             self.announcer.set_announced(kept)
             self._announced = kept
-        lost = [ip for ip in self._forwarding if ip not in final]
-        if lost and self.handover is not None:
+        with self._lock:
+            lost = [ip for ip in self._forwarding if ip not in final]
             self._forwarding.difference_update(lost)
+        if lost and self.handover is not None:
             self.handover.stop_async(lost)
         for ip in [ip for ip in self._waiting if ip not in final]:
             self._waiting.pop(ip, None)
@@ -309,9 +310,11 @@ class L2Mode:
         self.announcer.set_announced({})
         self._announced = {}
         self._waiting.clear()
-        if self.handover is not None and self._forwarding:
-            self.handover.stop_async(sorted(self._forwarding))
+        with self._lock:
+            fwd = sorted(self._forwarding)
             self._forwarding.clear()
+        if self.handover is not None and fwd:
+            self.handover.stop_async(fwd)
         with self._lock:
             self._rows = [replace(r, announcing=False, reason="withdrawn") if r.announcing else r
                           for r in self._rows]
@@ -319,9 +322,11 @@ class L2Mode:
 
     def status(self) -> dict:
         rows, l2 = self.rows()
+        with self._lock:
+            fwd = sorted(self._forwarding)
         return {"vips": [r.view() for r in rows],
                 "conflicts": sorted(l2.conflicts.values(), key=lambda c: c["ip"]),
-                "announced": sorted(self._announced), "forwarding": sorted(self._forwarding)}
+                "announced": sorted(self._announced), "forwarding": fwd}
 
     def close(self) -> None:
         try:

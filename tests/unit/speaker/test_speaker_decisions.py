@@ -116,12 +116,13 @@ def test_a_config_whose_worst_case_metadata_cannot_fit_is_refused(tmp_path):
     import yaml
     from nocloudlb.daemon import validate
 
-    docs = pool_docs() + [
+    keys = [f"example.com/{c * 48}" for c in "ab"]  # two long node-selector label keys, 600 Local services
+    docs = pool_docs([{"matchExpressions": [{"key": k, "operator": "Exists"}]} for k in keys]) + [
         {"apiVersion": "v1", "kind": "Service", "metadata": {"name": f"svc{i}", "namespace": "test",
                                                              "annotations": {"metallb.io/allow-shared-ip": "k"}},
          "spec": {"type": "LoadBalancer", "externalTrafficPolicy": "Local",
                   "ports": [{"port": 1000 + i, "protocol": "TCP"}]},
-         "status": {"loadBalancer": {"ingress": [{"ip": "198.51.100.200"}]}}} for i in range(3000)]
+         "status": {"loadBalancer": {"ingress": [{"ip": "198.51.100.200"}]}}} for i in range(600)]
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump({"node": {"name": "s"}, "memberlist": {"bind": "127.0.0.1:7946"},
                                     "resources": docs}))
@@ -224,3 +225,20 @@ def test_graceful_stop_withdraws_before_it_leaves_the_cluster(harness):
     sp._shutdown()
     assert "announced" in at_leave, "never left the cluster"
     assert at_leave["announced"] == {}, f"still answering for {sorted(at_leave['announced'])} when it left"
+
+
+def test_reload_through_the_control_socket_says_which_settings_wait_for_a_restart(harness, tmp_path):
+    from nocloudlb.core.control_client import request
+
+    sp, _peer, _vips = two_nodes(harness)
+    thread, _out = run_loop(sp)
+    try:
+        doc = harness.config("s", pool_docs(), join=["p"])
+        doc["node"]["name"] = "renamed"
+        harness.write("s", doc)
+        res = request(sp.cfg.socket, {"cmd": "reload"}, 15.0)
+        assert res["ok"] and "node_name" in res.get("restartPending", []), res
+        assert request(sp.cfg.socket, {"cmd": "status"}, 5.0)["node"] == "s"
+    finally:
+        sp.post("stop")
+        thread.join(timeout=5)
