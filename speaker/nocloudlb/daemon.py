@@ -334,8 +334,9 @@ class Speaker:
                 self._iteration(items)
             except Exception as exc:  # noqa: BLE001 - the barrier: one exception never stops the loop
                 self._loop_errors += 1
-                logs.event(log, "loopError", f"{type(exc).__name__}: {exc}"[:500], logging.ERROR,
-                           count=self._loop_errors)
+                loud = self._loop_errors == 1 or self._loop_errors % 60 == 0  # no journal flood
+                logs.event(log, "loopError", f"{type(exc).__name__}: {exc}"[:500],
+                           logging.ERROR if loud else logging.DEBUG, count=self._loop_errors)
                 log.debug("loopError traceback", exc_info=True)
                 for m in self.modes:
                     m.withdraw_all()
