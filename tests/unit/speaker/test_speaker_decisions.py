@@ -22,7 +22,7 @@ def two_nodes(harness, n_per_node: int = 2, policy: str = "Cluster", peer_labels
     healthy = [f"test/svc{i}" for i in range(len(vips))]
     peer = harness.peer("p", sp.codec.encode(peer_labels or {}, healthy), join=["s"])
     wait_for(lambda: {m.name for m in sp.membership.members() if m.state == "alive"} == {"s", "p"}, 10, "join")
-    wait_for(lambda: sp.membership.first_join_done.is_set(), 10, "first join")
+    wait_for(sp.membership.first_join_done.is_set, 10, "first join")
     sp.reconcile()
     return sp, peer, vips
 
@@ -56,7 +56,7 @@ def test_vips_are_on_lo_before_they_are_announced_and_not_announced_when_the_add
     vips = vips_led(["s"], 3)
     docs = pool_docs() + [service_doc(f"svc{i}", ip) for i, ip in enumerate(sorted(vips))]
     sp = harness.speaker("s", docs)
-    wait_for(lambda: sp.membership.first_join_done.is_set(), 10, "start alone")
+    wait_for(sp.membership.first_join_done.is_set, 10, "start alone")
     sp.delivery.fail = 1
     sp.reconcile()
     assert sp.journal.announced() == {}, "announced a VIP whose address could not be added to lo"
