@@ -39,7 +39,7 @@ from nocloudlb.core.errors import ConfigError
 from . import logs, sdnotify
 from .config import ConfigHolder, SpeakerConfig, now_iso
 from .health import CheckSpec, HealthChecker
-from .l2.mode import L2View, VipRow, member_ip, neighbour_table, with_l2  # noqa: F401 - re-exported
+from .l2.mode import L2View, VipRow
 from .membership import KeyFileError, Membership, MembershipSettings, read_key_file
 from .metadata import MAX_META, MetaCodec, PeerInfo
 from .modes import Mode, ModeRunner
