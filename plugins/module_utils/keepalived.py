@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
+import json
 import math
 import re
 import urllib.parse
@@ -632,13 +633,17 @@ def _checker(check: dict, server: dict, port: int) -> list[str]:
             *("    " + r for r in retry), "}"]
 
 
-def render(p: Plan, node: str) -> str:
-    """keepalived.conf for ``node`` (a name in the plan's nodes)."""
+def render(p: Plan, node: str, only: set[str] | None = None) -> str:
+    """keepalived.conf for ``node`` (a name in the plan's nodes).
+
+    ``only`` (service keys) keeps just the instances and virtual servers of those
+    services (for comparisons; the result is still a complete config)."""
     if node not in p.nodes:
         raise ConfigError(f"keepalived: node {_q(node)} is not in the plan's nodes ({', '.join(sorted(p.nodes))})")
     o = p.options
     kn = p.nodes[node]
-    mine = [(inst, m) for inst in p.instances for m in inst.members if m.node == node]
+    mine = [(inst, m) for inst in p.instances for m in inst.members
+            if m.node == node and (only is None or set(inst.services) & only)]
     out = [
         f"# keepalived.conf for node {node}, rendered by nocloud.loadbalancer (keepalived_render) from the same",
         "# pools, advertisements and services the speaker reads. Do not edit: changes are overwritten.",
@@ -702,7 +707,7 @@ def render(p: Plan, node: str) -> str:
         out.append("}")
     my_vips = {v for inst, _ in mine for v in inst.vips}
     for vs in p.virtual_servers:
-        if vs.vip not in my_vips:
+        if vs.vip not in my_vips or (only is not None and vs.service not in only):
             continue
         interval = vs.check["interval"] if vs.check else 6
         out += [
@@ -730,3 +735,24 @@ def summary(p: Plan) -> list[dict]:
              "services": i.services, "master": i.master if i.members else None,
              "members": [{"node": m.node, "priority": m.priority, "interface": m.interface} for m in i.members],
              "scripts": i.scripts} for i in p.instances]
+
+
+def service_views(p: Plan, resources: list, key: str) -> dict:
+    """Both systems' view of one service: ``speaker`` (its documents and who announces it, in our
+    election order) and ``keepalived`` (the master's config reduced to the service's blocks)."""
+    insts = [i for i in p.instances if key in i.services]
+    docs = []
+    for doc in resources or []:
+        if not isinstance(doc, dict) or doc.get("kind") not in ("Service", BACKENDS_KIND):
+            continue
+        meta = doc.get("metadata") or {}
+        if f"{meta.get('namespace') or 'default'}/{meta.get('name')}" == key:
+            docs.append(doc)
+    if not docs:
+        raise ConfigError(f"keepalived: service {_q(key)}: no such Service in the resources")
+    lines = [f"# speaker: {key}, answered by the first live candidate in this order (sha256(node#vip))"]
+    for inst in insts:
+        lines.append(f"# {', '.join(inst.vips)} on {inst.segment}: {' > '.join(m.node for m in inst.members)}")
+    lines.append(json.dumps(docs, indent=2, sort_keys=True))
+    master = insts[0].master if insts and insts[0].members else sorted(p.nodes)[0]
+    return {"speaker": "\n".join(lines) + "\n", "keepalived": render(p, master, {key}), "master": master}
