@@ -81,6 +81,7 @@ DEFAULTS: dict[str, Any] = {
     "taken_vrids": [],        # [{interface, family: IPv4|IPv6, vrids: [...]}]: other VRRP users on the segment
     "drain_file": "/etc/keepalived/nocloudlb-drain",
     "script_user": "nobody",
+    "services": None,         # service keys keepalived owns (None: every service); the speaker serves the rest
     "tcp_check_command": ["/bin/bash", "-c", "</dev/tcp/{host}/{port}"],
     "http_check_command": ["/usr/bin/curl", "-fsS", "-o", "/dev/null", "-k", "--max-time", "{timeout}", "{url}"],
 }
@@ -220,6 +221,12 @@ def _options(options: dict | None) -> dict:
         errors.append(f"keepalived: interface: {_q(opts['interface'])} is not an interface name")
     if not isinstance(opts["drain_file"], str) or not opts["drain_file"].startswith("/") or '"' in opts["drain_file"]:
         errors.append(f"keepalived: drain_file: must be an absolute path, got {opts['drain_file']!r}")
+    if opts["services"] is not None:
+        if not isinstance(opts["services"], (list, tuple)) or not all(isinstance(x, str) for x in opts["services"]):
+            errors.append(f"keepalived: services: must be a list of service keys (namespace/name), got "
+                          f"{opts['services']!r}")
+        else:
+            opts["services"] = set(opts["services"])
     if errors:
         raise ConfigError(errors)
     return opts
@@ -400,6 +407,9 @@ def plan(resources: list, nodes: list, options: dict | None = None) -> Plan:
     backends = parse_backends(backend_docs, config)
     views = _views(knodes, config)
     errors: list[str] = []
+    for key in sorted(opts["services"] or ()):
+        if config.service(key) is None:
+            errors.append(f"keepalived: services: no Service {_q(key)} in the resources")
 
     # VIP -> the services it serves (a shared IP serves several), in key order
     by_vip: dict[str, list[Service]] = {}
@@ -413,6 +423,11 @@ def plan(resources: list, nodes: list, options: dict | None = None) -> Plan:
     for vip in sorted(by_vip, key=lambda a: (ipaddress.ip_address(a).version, ipaddress.ip_address(a))):
         services = by_vip[vip]
         svc = services[0]
+        owned = [opts["services"] is None or s.key in opts["services"] for s in services]
+        if any(owned) and not all(owned):
+            errors.append(f"keepalived: services {', '.join(_q(s.key) for s in services)} share VIP {vip}: "
+                          "they move between keepalived and the speaker together (list all of them in services)")
+            continue
         family = ipaddress.ip_address(vip).version
         if family == 6 and opts["version"] == 2:
             errors.append(f"keepalived: service {_q(svc.key)}: VIP {vip} is IPv6, which VRRPv2 cannot carry; "
@@ -436,7 +451,8 @@ def plan(resources: list, nodes: list, options: dict | None = None) -> Plan:
             else:
                 gkey = f"pool_{_slug(pool.name if pool else 'none')}_v{family}_{_slug(seg)}"
             g = groups.setdefault(gkey, {"vips": [], "services": [], "order": order, "segment": seg,
-                                         "family": family, "first": (vip, svc.key)})
+                                         "family": family, "first": (vip, svc.key), "owned": []})
+            g["owned"].append(all(owned))
             g["vips"].append(vip)
             g["services"] += [s.key for s in services if s.key not in g["services"]]
             if g["order"] != order and opts["group_by"] == "pool":
@@ -489,7 +505,16 @@ def plan(resources: list, nodes: list, options: dict | None = None) -> Plan:
             inst.scripts.append(sname)
         instances.append(inst)
 
+    # VRIDs over every instance, owned or not, so an ID does not depend on which side serves what
     _assign_vrids(instances, opts, errors)
+    instances = [inst for inst in instances if all(groups[inst.name]["owned"])]
+    if opts["group_by"] == "pool":
+        for gkey, g in groups.items():
+            if any(g["owned"]) and not all(g["owned"]):
+                errors.append(f"keepalived: group_by pool: instance {gkey} holds VIPs of services keepalived owns and "
+                              "of services it does not; move a pool's services together, or use group_by vip")
+    used = {s for inst in instances for s in inst.scripts}
+    scripts = {name: v for name, v in scripts.items() if name in used}
 
     vservers: list[VirtualServer] = []
     for key, spec in sorted(backends.items()):

@@ -112,6 +112,13 @@ options:
     description: The user keepalived runs the health check scripts as.
     type: str
     default: nobody
+  services:
+    description:
+      - The services keepalived owns (C(namespace/name)); the speaker serves the others. Default is every service.
+      - Virtual router IDs are computed over every service, so an ID does not change when a service moves between
+        keepalived and the speaker. Services sharing a VIP move together.
+    type: list
+    elements: str
 seealso:
   - module: nocloud.loadbalancer.address_allocate
   - name: keepalived configuration synopsis
@@ -186,7 +193,7 @@ from ansible_collections.nocloud.loadbalancer.plugins.module_utils.keepalived im
 )
 
 OPTIONS = ("version", "profile", "advert_int", "group_by", "interface", "priority_base", "priority_step", "unicast",
-           "auth_pass", "vrids", "previous", "taken_vrids", "drain_file", "script_user")
+           "auth_pass", "vrids", "previous", "taken_vrids", "drain_file", "script_user", "services")
 
 
 def run(params):
@@ -225,6 +232,7 @@ def main():
         taken_vrids=dict(type="list", elements="dict", default=[]),
         drain_file=dict(type="path", default="/etc/keepalived/nocloudlb-drain"),
         script_user=dict(type="str", default="nobody"),
+        services=dict(type="list", elements="str"),
     )
     module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
     params = dict(module.params)

@@ -398,3 +398,19 @@ def test_render_unknown_node():
     p = k.plan(base_docs(svc("a", "198.51.100.200")), NODES3)
     with pytest.raises(ConfigError, match='node "n9" is not in the plan'):
         k.render(p, "n9")
+
+
+def test_services_option_keeps_only_the_services_keepalived_owns():
+    ann = {"metallb.io/allow-shared-ip": "k"}
+    docs = base_docs(svc("a", "198.51.100.200"), svc("b", "198.51.100.201"),
+                     svc("c", "198.51.100.202", annotations=ann),
+                     svc("d", "198.51.100.202", annotations=ann, ports=[{"port": 80, "protocol": "TCP"}]))
+    p = k.plan(docs, NODES3, {"services": ["prod/b"]})
+    assert [i.vips for i in p.instances] == [["198.51.100.201"]]
+    # the VRID of an instance does not depend on which other services keepalived owns
+    assert p.vrids()["vip_198_51_100_201_eth0"] == k.plan(docs, NODES3).vrids()["vip_198_51_100_201_eth0"]
+    render_all(p)
+    with pytest.raises(ConfigError, match=r'services "prod/c", "prod/d" share VIP 198.51.100.202'):
+        k.plan(docs, NODES3, {"services": ["prod/c"]})
+    with pytest.raises(ConfigError, match=r'services: no Service "prod/zz"'):
+        k.plan(docs, NODES3, {"services": ["prod/zz"]})
