@@ -22,8 +22,8 @@ description:
   - Local-policy services get a C(vrrp_script) from their C(nocloud.io/health-check) (weight 0, a failure moves
     the VIP); the drain label is a C(track_file) (write C(1) to O(drain_file) to move every VIP of a node away).
   - Services with C(Backends) get C(virtual_server) blocks (methods C(nat), C(dr), C(tun) as C(lb_kind) NAT, DR,
-    TUN; schedulers C(rr), C(wrr), C(sh), C(maglev) as C(rr), C(wrr), C(sh), C(mh)). C(fullnat) is refused:
-    LVS has no full-NAT method.
+    TUN; schedulers C(rr), C(wrr), C(sh), C(maglev) as C(rr), C(wrr), C(sh), C(mh)). C(fullnat) is refused,
+    since LVS has no full-NAT method.
   - Reads nothing but its arguments and changes nothing; write the result with M(ansible.builtin.copy) (with
     C(validate) running C(keepalived -t)), as the C(nocloud.loadbalancer.keepalived) role does.
 author:
@@ -65,8 +65,9 @@ options:
     description: Advertisement interval in seconds, overriding O(profile).
     type: float
   group_by:
-    description: One instance per VIP (C(vip)), or per pool and family (C(pool), which saves VRIDs; the master
-      follows the election of the pool's first VIP).
+    description:
+      - One instance per VIP (C(vip)), or per pool and family (C(pool), which saves VRIDs; the master
+        follows the election of the pool's first VIP).
     type: str
     choices: [vip, pool]
     default: vip
