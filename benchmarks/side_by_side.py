@@ -250,8 +250,10 @@ def run_system(name: str, faults: list[str], trials: int, workdir: Path, rng: ra
 
 def summarize(rows: list[dict]) -> list[dict]:
     out = []
-    for key in sorted({(r["system"], r["fault"]) for r in rows}, key=lambda k: (list(SYSTEMS).index(k[0]),
-                                                                                   FAULTS.index(k[1]))):
+    def order(k: tuple[str, str]) -> tuple[int, int]:
+        return list(SYSTEMS).index(k[0]), FAULTS.index(k[1])
+
+    for key in sorted({(r["system"], r["fault"]) for r in rows}, key=order):
         rs = [r for r in rows if (r["system"], r["fault"]) == key]
         g = [r["garp_s"] * 1000 for r in rs]
         f = [r["first_ok_s"] * 1000 for r in rs]
@@ -283,7 +285,7 @@ COLORS = [(31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40)]
 def png(summary: list[dict], path: Path, width: int = 900, height: int = 420) -> None:
     """Grouped bars: fault -> first successful request (p50, ms, log scale), one group per fault,
     one colour per system (legend order as SYSTEMS: blue, orange, green, red)."""
-    px = [[(255, 255, 255)] * width for _ in range(height)]
+    px = [[(255, 255, 255)] * width for _row in range(height)]
 
     def rect(x0: int, y0: int, x1: int, y1: int, c: tuple[int, int, int]) -> None:
         for y in range(max(0, y0), min(height, y1)):

@@ -249,7 +249,7 @@ def _nodes(nodes: list) -> dict[str, KNode]:
         unknown = sorted(set(raw) - {"name", "labels", "interfaces", "addresses", "interface"})
         if unknown:
             errors.append(f"keepalived: node {_q(raw['name'])}: unknown field {_q(unknown[0])}")
-        addresses = [str(a).split("/")[0] for a in raw.get("addresses") or []]
+        addresses = [str(a).split("/", maxsplit=1)[0] for a in raw.get("addresses") or []]
         for a in addresses:
             try:
                 ipaddress.ip_address(a)
@@ -334,7 +334,7 @@ def parse_backends(docs: list, config: Config) -> dict[str, dict]:
             if isinstance(weight, bool) or not isinstance(weight, int) or not 1 <= weight <= 256:
                 errors.append(f"{where}: spec.servers[{j}].weight: {weight!r} is outside 1-256")
                 continue
-            if method in ("dr", "tun") and port is not None and any(port != p for p, _ in svc.ports):
+            if method in ("dr", "tun") and port is not None and any(port != p for p, _proto in svc.ports):
                 errors.append(f"{where}: spec.servers[{j}].port: {port} differs from the service's port; "
                               f"{method} forwards the packet unchanged, so the real server must listen on the "
                               "service's port (keepalived would reset it)")
@@ -691,7 +691,7 @@ def render(p: Plan, node: str, only: set[str] | None = None) -> str:
         "    init_file 0",
         "}",
     ]
-    used_scripts = sorted({s for inst, _ in mine for s in inst.scripts})
+    used_scripts = sorted({s for inst, _member in mine for s in inst.scripts})
     for sname in used_scripts:
         s = p.scripts[sname]
         c = s["check"]
@@ -730,7 +730,7 @@ def render(p: Plan, node: str, only: set[str] | None = None) -> str:
         if inst.scripts:
             out += ["    track_script {", *(f"        {s}" for s in inst.scripts), "    }"]
         out.append("}")
-    my_vips = {v for inst, _ in mine for v in inst.vips}
+    my_vips = {v for inst, _member in mine for v in inst.vips}
     for vs in p.virtual_servers:
         if vs.vip not in my_vips or (only is not None and vs.service not in only):
             continue

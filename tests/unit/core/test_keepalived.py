@@ -89,8 +89,8 @@ def test_preferred_node_selectors_come_first_as_in_the_speaker():
     adv = l2adv("lan", interfaces=["eth0"], preferredNodeSelectors=[
         {"weight": 10, "preference": {"matchLabels": {"zone": "b"}}}])
     nodes = [dict(n, labels={"zone": "b" if n["name"] == "n3" else "a"}) for n in NODES3]
-    docs = [pool("web4", "198.51.100.200-198.51.100.220"), adv] + [svc(f"s{i}", f"198.51.100.{200 + i}")
-                                                                    for i in range(5)]
+    services = [svc(f"s{i}", f"198.51.100.{200 + i}") for i in range(5)]
+    docs = [pool("web4", "198.51.100.200-198.51.100.220"), adv, *services]
     p = k.plan(docs, nodes)
     assert set(p.masters().values()) == {"n3"}
 

@@ -58,5 +58,5 @@ def test_keepalived_master_is_our_leader(nodes, last_octets, v6, zone_b, down, d
         vrrp_master = max(up, key=lambda m: m.priority).node if up else None
         view = [NodeView(n, dict(labels[n], **({k.DRAIN_LABEL: ""} if i in drained else {})),
                          "dead" if i in down else "alive") for i, n in enumerate(nodes)]
-        ours, _ = layer2_decision(nodes[0], view, advs, svc, ip)
+        ours, _reason = layer2_decision(nodes[0], view, advs, svc, ip)
         assert vrrp_master == ours, (ip, [(m.node, m.priority) for m in inst.members])
