@@ -10,7 +10,7 @@ export PATH := $(BIN):$(PATH)
 # Debian packages the tests and the lab need on the controller.
 APT_PACKAGES := debootstrap iproute2 iputils-ping arping tcpdump nftables curl ndisc6 keepalived rsync shellcheck
 
-.PHONY: help deps venv lint unit sanity netns labtests molecule test lab lab-down bench bench-failover build clean
+.PHONY: help deps venv lint unit sanity netns labtests molecule test lab lab-down bench bench-failover bench-side-by-side build clean
 
 help:
 	@echo "make test   - install what is needed, then run lint, unit, sanity, namespace and molecule tests"
@@ -51,6 +51,7 @@ labtests: deps venv
 molecule: deps venv
 	molecule test -s lab
 	molecule test -s default
+	molecule test -s keepalived
 
 test: deps venv lint unit sanity netns labtests molecule
 
@@ -74,6 +75,13 @@ bench: deps venv
 # About 8 minutes: 20 kill -9 per profile, keepalived beside the speaker.
 bench-failover: deps venv
 	$(PY) benchmarks/failover.py --kills 20 --keepalived
+
+# keepalived side by side with the speaker (docs/benchmarks.md): 5 faults x 4 systems x
+# TRIALS at a random phase; about an hour at 20 trials.
+TRIALS ?= 20
+bench-side-by-side: deps venv
+	$(PY) benchmarks/side_by_side.py --trials $(TRIALS) --json docs/images/side_by_side.json \
+		--png docs/images/side_by_side.png
 
 build: venv
 	$(BIN)/ansible-galaxy collection build --force --output-path dist .
