@@ -113,7 +113,7 @@ def main() -> int:
                 second = 0.0
             if now >= end:
                 break
-            ready, _, _ = select.select([arp, icmp], [], [], min(end, second or end) - now)
+            ready = select.select([arp, icmp], [], [], min(end, second or end) - now)[0]
             for sock in ready:
                 if sock is arp:
                     data = arp.recv(128)

@@ -27,7 +27,7 @@ def fake(answers: list[list[str]], http_ok: bool = True) -> SimpleNamespace:
 
 
 def record(**kw) -> chaos.Record:
-    return chaos.Record("p", "phase", start=999.0, fault=1000.0, end=1000.0 + 400 * chaos.ROUND, **kw)
+    return chaos.Record("p", "phase", start=999.0, fault=1000.0, end=1000.0 + 800 * chaos.ROUND, **kw)
 
 
 def test_one_owner_throughout_meets_the_goals():
@@ -77,3 +77,17 @@ def test_a_drained_node_that_answers_breaks_the_goal_even_once():
 def test_a_phase_that_raised_fails():
     res = chaos.analyse(fake([[A]] * 100), record(error="LabError: host did not come back"))
     assert not res["ok"] and "the phase failed" in res["problems"][0]
+
+
+def test_right_after_loss_the_wider_detection_window_applies_and_only_there():
+    n = int((chaos.LIMIT_NONE + 1.0) / chaos.ROUND)
+    answers = [[A]] * 10 + [[]] * n + [[B]] * 10
+    assert not chaos.analyse(fake(answers), record())["ok"]
+    assert chaos.analyse(fake(answers), record(window="degraded"))["ok"]
+    n = int((chaos.limits("degraded")[1] + 1.0) / chaos.ROUND)
+    assert not chaos.analyse(fake([[A]] * 10 + [[]] * n), record(window="degraded"))["ok"]
+
+
+def test_the_full_run_has_every_phase_and_the_short_run_only_known_ones():
+    assert sorted(chaos.FULL) == sorted(chaos.PHASES)
+    assert set(chaos.SHORT) <= set(chaos.PHASES)
