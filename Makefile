@@ -10,12 +10,13 @@ export PATH := $(BIN):$(PATH)
 # Debian packages the tests and the lab need on the controller.
 APT_PACKAGES := debootstrap iproute2 iputils-ping arping tcpdump nftables curl ndisc6 keepalived rsync shellcheck
 
-.PHONY: help deps venv lint unit sanity netns labtests molecule test lab lab-down bench bench-failover bench-side-by-side build clean
+.PHONY: help deps venv lint unit sanity netns labtests molecule test lab lab-down bench bench-failover bench-side-by-side build clean chaos chaos-short
 
 help:
 	@echo "make test   - install what is needed, then run lint, unit, sanity, namespace and molecule tests"
 	@echo "make lab    - build the lab (namespaces + systemd hosts) and run site.yml on it"
 	@echo "make bench  - run the benchmarks and print their figures"
+	@echo "make chaos  - every chaos fault on the lab; writes docs/chaos.md and docs/images/chaos-timeline.png"
 
 deps:
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -53,7 +54,7 @@ molecule: deps venv
 	molecule test -s default
 	molecule test -s keepalived
 
-test: deps venv lint unit sanity netns labtests molecule
+test: deps venv lint unit sanity netns labtests molecule chaos-short
 
 # The lab of the default scenario (three nodes, two clients, a router), site.yml
 # deployed on it, then the scenario's verify: who answers ARP/NDP for each VIP,
@@ -88,3 +89,13 @@ build: venv
 
 clean:
 	rm -rf dist build tests/output .mypy_cache .ruff_cache .pytest_cache
+
+# Chaos on the lab `chaos` (docs/chaos.md): who answers for every VIP under partitions, loss,
+# CPU starvation, freezes, restarts, reboots and drains. `chaos` runs every fault and rewrites
+# the results in docs/chaos.md (about 8 minutes); `chaos-short` is the bounded run `test` uses,
+# failing when a goal is broken. The lab's name is fixed, hence the lock.
+chaos: deps venv
+	flock /tmp/nocloudlb-chaos.lock $(PY) tests/chaos/chaos.py --full --docs
+
+chaos-short: deps venv
+	flock /tmp/nocloudlb-chaos.lock $(PY) tests/chaos/chaos.py --short

@@ -203,6 +203,9 @@ def _request(service: Any) -> _Request:
         if _FAMILY[name] not in declared:
             declared.append(_FAMILY[name])
     families = declared + [v for v in (4, 6) if v not in declared]
+    if policy == "PreferDualStack" and len(declared) == 1:
+        # MetalLB reads the service's family from spec.ipFamilies: one family declared is that family only
+        policy = "SingleStack"
     fixed = policy == "SingleStack" and bool(declared)
 
     if ips:
@@ -499,7 +502,8 @@ class _Allocator:
         for ip in req.ips:
             pool = self.state.pool_of(ip)
             if pool is None:
-                raise _Fail(f'"{ip}" is not allowed in config')
+                # MetalLB's Assign: fmt.Errorf("%q is not allowed in config", ips), the whole requested list
+                raise _Fail(f"{_go_quote_list(req.ips)} is not allowed in config")
             pools.append(pool)
         if len({p.name for p in pools}) > 1:
             names = ", ".join(sorted({p.name for p in pools}))

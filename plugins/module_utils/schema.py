@@ -1125,33 +1125,13 @@ def _parse_service(res: _Res) -> Service | None:
             good_ports.append(port)
     if len(good_ports) != len(spec.get("ports") or []):
         svc.spec = dict(spec, ports=good_ports)
-    # Requested addresses: MetalLB's getDesiredLbIPs.
-    lb_ips_key = ANNOTATION_LOADBALANCER_IPS
-    if not annotations.get(lb_ips_key) and annotations.get(DEPRECATED_PREFIX + "loadBalancerIPs"):
-        lb_ips_key = DEPRECATED_PREFIX + "loadBalancerIPs"
-    lb_ips = annotations.get(lb_ips_key)
-    if lb_ips and spec.get("loadBalancerIP"):
-        res.err(f"metadata.annotations[{lb_ips_key}]",
-                f"service can not have both {ANNOTATION_LOADBALANCER_IPS} and svc.Spec.LoadBalancerIP "
-                f"({_q(lb_ips)} and {_q(spec.get('loadBalancerIP'))})")
-    elif lb_ips:
-        parsed = []
-        for part in str(lb_ips).split(","):
-            try:
-                parsed.append(parse_ip(part.strip()))
-            except ValueError:
-                res.err(f"metadata.annotations[{lb_ips_key}]", f"invalid {ANNOTATION_LOADBALANCER_IPS}: {_q(lb_ips)}")
-                parsed = []
-                break
-        versions = [ip.version for ip in parsed]
-        if len(parsed) > 2 or len(set(versions)) != len(versions):
-            res.err(f"metadata.annotations[{lb_ips_key}]",
-                    f"invalid {ANNOTATION_LOADBALANCER_IPS}: {_q(lb_ips)}: at most one IPv4 and one IPv6 address")
-    elif spec.get("loadBalancerIP"):
-        try:
-            parse_ip(str(spec["loadBalancerIP"]))
-        except ValueError:
-            res.err("spec.loadBalancerIP", f"invalid spec.loadBalancerIP {_q(spec['loadBalancerIP'])}")
+    # Requested addresses (MetalLB's getDesiredLbIPs) are the service's own business: a value that is not an
+    # address, both fields at once or two addresses of one family fail that service alone, at allocation
+    # (allocation.py), with MetalLB's "Failed to allocate IP for ..." message; the rest of the manifest stands.
+    for name in (ANNOTATION_LOADBALANCER_IPS, DEPRECATED_PREFIX + "loadBalancerIPs"):
+        value = annotations.get(name)
+        if value is not None and not isinstance(value, str):
+            res.err(f"metadata.annotations[{name}]", f"must be a string, got {value!r}")
     for key in (ANNOTATION_ADDRESS_POOL, ANNOTATION_ALLOW_SHARED_IP):
         for name in (key, DEPRECATED_PREFIX + key.split("/", 1)[1]):
             value = annotations.get(name)

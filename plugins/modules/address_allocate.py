@@ -22,7 +22,8 @@ description:
     C(avoidBuggyIPs) pools never hand out IPv4 addresses ending in .0 or .255.
   - Dual stack follows C(spec.ipFamilyPolicy) (SingleStack, PreferDualStack, RequireDualStack) and
     C(spec.ipFamilies). A SingleStack service without C(spec.ipFamilies) takes one address of either family,
-    IPv4 first. Both addresses of a dual-stack service come from the same pool.
+    IPv4 first; a PreferDualStack service that declares one family in C(spec.ipFamilies) gets that family only,
+    as with MetalLB. Both addresses of a dual-stack service come from the same pool.
   - Services whose C(spec.loadBalancerClass) is set to something other than C(nocloud.io/loadbalancer) are
     left alone, without error.
   - Unlike MetalLB, the choice is deterministic (pinned pools by priority then name, then the other pools by
@@ -38,7 +39,10 @@ description:
   - For C(serviceAllocation.namespaceSelectors), a namespace's labels come from the v1 Namespace documents in
     O(resources), plus C(kubernetes.io/metadata.name) set to its name, as Kubernetes does.
   - "A service that cannot be served is reported with MetalLB's message
-    C(Failed to allocate IP for \"ns/name\": <reason>) and every other service still gets its addresses."
+    C(Failed to allocate IP for \"ns/name\": <reason>) and every other service still gets its addresses. That
+    includes a request that is not an address, both C(metallb.io/loadBalancerIPs) and C(spec.loadBalancerIP),
+    or two addresses of one family. Only a malformed manifest (a document that is not a mapping, an unknown
+    kind, a bad pool) fails the whole task, listing every problem in RV(errors)."
   - The module only computes; it changes nothing on the host, so check mode gives the same answer.
 author:
   - nocloud.loadbalancer developers (@nocloud)

@@ -65,7 +65,7 @@ def test_playbook_passes_every_assertion(play):
     stats = report["stats"]["localhost"]
     assert proc.returncode == 0, proc.stderr + proc.stdout[-4000:]
     assert stats["failures"] == 0
-    assert stats["rescued"] == 4  # the four bad cases, each failing the way it should
+    assert stats["rescued"] == 5  # the five bad cases, each failing the way it should
     assert stats["skipped"] == 0
     assert not [name for name, result in tasks.items() if name == "Not reached" or result.get("skipped")]
 
@@ -119,9 +119,14 @@ def test_bad_cases_fail_with_actionable_messages(play):
     assert not unmet.get("failed")
     assert unmet["failures"] == [
         'Failed to allocate IP for "default/nopool": unknown pool "missing"',
-        'Failed to allocate IP for "default/outside": "192.0.2.1" is not allowed in config',
+        'Failed to allocate IP for "default/outside": ["192.0.2.1"] is not allowed in config',
         'Failed to allocate IP for "default/two": port TCP/80 is already in use on "203.0.113.100"',
     ]
+
+    one_bad = tasks["Allocate with one bad request among five"]
+    assert one_bad["failed"] is True
+    assert one_bad["msg"] == 'Failed to allocate IP for "default/bad": invalid metallb.io/loadBalancerIPs: "not-an-ip"'
+    assert one_bad["assignments"] == {f"default/{n}": [f"203.0.113.{100 + i}"] for i, n in enumerate("abcd")}
 
     for name in ("Validate the bad manifest", "Allocate for the bad manifest"):
         bad = tasks[name]

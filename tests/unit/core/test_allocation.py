@@ -112,7 +112,7 @@ def test_explicit_address_via_annotation_and_deprecated_spec_field():
 
 def test_explicit_address_outside_every_pool_is_not_allowed_in_config():
     r = run([pool("p", "203.0.113.10-203.0.113.20"), svc("a", ann={IPS: "192.0.2.1"}), svc("b")])
-    assert err(r, "default/a") == 'Failed to allocate IP for "default/a": "192.0.2.1" is not allowed in config'
+    assert err(r, "default/a") == 'Failed to allocate IP for "default/a": ["192.0.2.1"] is not allowed in config'
     assert ips(r) == {"default/b": ["203.0.113.10"]}
 
 
@@ -163,7 +163,7 @@ def test_avoid_buggy_ips_skips_dot_zero_and_dot_255_and_refuses_them_explicitly(
     ])
     assigned = sorted(ip for v in ips(r).values() for ip in v)
     assert assigned == ["198.51.100.1", "198.51.100.2", "198.51.100.3", "203.0.113.254"]
-    assert err(r, "default/e") == 'Failed to allocate IP for "default/e": "203.0.113.255" is not allowed in config'
+    assert err(r, "default/e") == 'Failed to allocate IP for "default/e": ["203.0.113.255"] is not allowed in config'
     assert r.pool_usage["p"]["ipv4"] == {"assigned": 4, "available": 0}
 
 
@@ -507,7 +507,7 @@ def test_previous_is_checked_and_canonicalised():
 
 
 def test_bad_requests_on_hand_built_services_fail_only_that_service():
-    # parse_resources refuses these documents outright; the allocator still copes with a Config built in code
+    # the same requests as documents: test_one_bad_request_among_five_fails_only_that_service
     config = parse_resources([pool("p", "203.0.113.10-203.0.113.20")])
     bad = {
         "both": ({IPS: "203.0.113.11"}, {"loadBalancerIP": "203.0.113.12"},
@@ -541,3 +541,94 @@ def test_deprecated_metallb_universe_tf_annotations_are_honoured():
         svc("b", ann={"metallb.universe.tf/loadBalancerIPs": "203.0.113.19"}),
     ])
     assert ips(r) == {"default/a": ["203.0.113.30"], "default/b": ["203.0.113.19"]}
+
+
+# --------------------------------------------------------------------------- issue 8 section 5: one bad service
+
+
+HC = "nocloud.io/health-check"
+
+
+@pytest.mark.parametrize(
+    ("ann", "spec", "reason"),
+    [
+        ({IPS: "not-an-ip"}, {}, 'invalid metallb.io/loadBalancerIPs: "not-an-ip"'),
+        ({}, {"loadBalancerIP": "not-an-ip"}, 'invalid spec.loadBalancerIP "not-an-ip"'),
+        ({IPS: "203.0.113.11,203.0.113.12"}, {}, '"203.0.113.11" "203.0.113.12" has the same family'),
+        ({IPS: "2001:db8::1, 2001:db8::2"}, {}, '"2001:db8::1" "2001:db8::2" has the same family'),
+        ({IPS: "203.0.113.11,203.0.113.12,2001:db8::1"}, {},
+         'more than two addresses ["203.0.113.11" "203.0.113.12" "2001:db8::1"]'),
+        ({IPS: "203.0.113.11"}, {"loadBalancerIP": "203.0.113.12"},
+         "service can not have both metallb.io/loadBalancerIPs and svc.Spec.LoadBalancerIP"),
+    ],
+)
+def test_one_bad_request_among_five_fails_only_that_service(ann, spec, reason):
+    docs = [pool("p", "203.0.113.10-203.0.113.20")]
+    docs += [svc(f"ok{i}", ns="demo") for i in range(4)]
+    docs.append(svc("bad", ns="demo", ann=ann, **spec))
+    r = run(docs)  # parse_resources accepts the manifest: the bad request is the service's own problem
+    assert r.failed == [f'Failed to allocate IP for "demo/bad": {reason}']
+    assert ips(r) == {f"demo/ok{i}": [f"203.0.113.{10 + i}"] for i in range(4)}
+
+
+def test_malformed_documents_still_refuse_the_whole_manifest():
+    good = [pool("p", "203.0.113.10-203.0.113.20"), svc("a")]
+    for bad in (["not", "a", "mapping"], {"apiVersion": "v1", "kind": "Deployment", "metadata": {"name": "x"}}):
+        with pytest.raises(ConfigError):
+            parse_resources([*good, bad])
+
+
+def test_not_allowed_in_config_prints_the_requested_list_as_metallb_does():
+    r = run([pool("p", "203.0.113.10-203.0.113.20"), svc("hello-d", ns="demo", ann={IPS: "198.51.100.230"})])
+    assert r.failed == ['Failed to allocate IP for "demo/hello-d": ["198.51.100.230"] is not allowed in config']
+    r = run([DUAL, svc("pair", ann={IPS: "203.0.113.10,2001:db8::99"}, ipFamilyPolicy="RequireDualStack")])
+    assert r.failed == [
+        'Failed to allocate IP for "default/pair": ["203.0.113.10" "2001:db8::99"] is not allowed in config'
+    ]
+
+
+def test_local_services_sharing_one_address_must_agree_on_the_health_check():
+    hc1 = '{"type": "tcp", "port": 8080}'
+    hc1_spelled_otherwise = '{"port": 8080, "type": "tcp"}'
+    hc2 = '{"type": "tcp", "port": 8081}'
+    local = {"externalTrafficPolicy": "Local"}
+    docs = [
+        pool("p", "203.0.113.10-203.0.113.20"),
+        svc("a", ann={SHARE: "k", IPS: "203.0.113.12", HC: hc1}, ports=[(80, "TCP")], **local),
+        svc("b", ann={SHARE: "k", IPS: "203.0.113.12", HC: hc1_spelled_otherwise}, ports=[(81, "TCP")], **local),
+        svc("c", ann={SHARE: "k", IPS: "203.0.113.12", HC: hc2}, ports=[(82, "TCP")], **local),
+        svc("d", ann={SHARE: "k", IPS: "203.0.113.12"}, ports=[(83, "TCP")], **local),
+    ]
+    r = run(docs)
+    assert ips(r) == {"default/a": ["203.0.113.12"], "default/b": ["203.0.113.12"]}
+    for key in ("default/c", "default/d"):
+        assert err(r, key) == (
+            f'Failed to allocate IP for "{key}": can\'t change sharing key for "{key}", address also in use by '
+            "default/a,default/b"
+        )
+    # the same through pools: a Local service asking for the shared key's pool address by sharing key alone
+    # and a different health check does not join the shared address (MetalLB: another free address)
+    r = run([
+        pool("p", "203.0.113.10-203.0.113.20"),
+        svc("a", ann={SHARE: "k", HC: hc1}, ports=[(80, "TCP")], **local),
+        svc("b", ann={SHARE: "k", HC: hc2}, ports=[(81, "TCP")], **local),
+    ])
+    assert ips(r) == {"default/a": ["203.0.113.10"], "default/b": ["203.0.113.11"]}
+
+
+def test_prefer_dual_stack_with_one_declared_family_gets_that_family_only():
+    r = run([
+        DUAL,
+        svc("v4", ipFamilyPolicy="PreferDualStack", ipFamilies=["IPv4"]),
+        svc("v6", ipFamilyPolicy="PreferDualStack", ipFamilies=["IPv6"]),
+        svc("both", ipFamilyPolicy="PreferDualStack", ipFamilies=["IPv4", "IPv6"]),
+    ])
+    assert ips(r) == {
+        "default/both": ["203.0.113.10", "2001:db8::10"],
+        "default/v4": ["203.0.113.11"],
+        "default/v6": ["2001:db8::11"],
+    }
+    # a holder of both families shrinks to the declared one
+    r = run([DUAL, svc("v4", ipFamilyPolicy="PreferDualStack", ipFamilies=["IPv4"])],
+            {"default/v4": ["203.0.113.10", "2001:db8::10"]})
+    assert ips(r) == {"default/v4": ["203.0.113.10"]}

@@ -102,6 +102,8 @@ def services(draw, pool_docs, prefix="s", min_size=0, max_size=12):
             spec["ipFamilies"] = [draw(st.sampled_from(["IPv4", "IPv6"]))]
         elif policy in ("PreferDualStack", "RequireDualStack") and draw(st.booleans()):
             spec["ipFamilies"] = draw(st.permutations(["IPv4", "IPv6"]))
+        elif policy == "PreferDualStack" and draw(st.booleans()):
+            spec["ipFamilies"] = [draw(st.sampled_from(["IPv4", "IPv6"]))]
         choice = draw(st.integers(0, 9))
         if choice == 0:
             annotations["metallb.io/loadBalancerIPs"] = draw(st.sampled_from(known))
@@ -152,6 +154,8 @@ def check_invariants(config, result, previous=None):
                 assert parsed[0].version == svc.ip_versions[0]
         elif policy == "RequireDualStack":
             assert len(parsed) == 2
+        elif policy == "PreferDualStack" and len(svc.ip_families) == 1:
+            assert [ip.version for ip in parsed] == svc.ip_versions  # MetalLB: one declared family, that one only
         if len(parsed) == 2 and svc.ip_families:
             assert [ip.version for ip in parsed] == svc.ip_versions
         # requests are honoured
