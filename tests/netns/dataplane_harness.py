@@ -92,10 +92,11 @@ for line in sys.stdin:
 """
 
 
-def resources(method: str, scheduler: str, health: str | None = None, servers: list[str] | None = None,
+def resources(method: str, scheduler: str, health: str | None = None, servers: list | None = None,
               ports: tuple[tuple[int, str], ...] = ((80, "TCP"), (80, "UDP")), **extra) -> list[dict]:
     spec: dict = {"method": method, "scheduler": scheduler,
-                  "servers": [{"address": a} for a in servers or ["198.51.100.13", "198.51.100.14"]], **extra}
+                  "servers": [a if isinstance(a, dict) else {"address": a}
+                              for a in servers or ["198.51.100.13", "198.51.100.14"]], **extra}
     if health:
         spec["healthCheck"] = health
     return [
