@@ -213,6 +213,8 @@ class Speaker:
         self._stopping = False
         self._restart_pending: list[str] = []
         self._peer_configs: dict[str, str] = {}
+        self.dataplane: Any = None  # mode: dataplane (DataplaneMode, made when a Backends appears)
+        self._dataplane_failed_at = -1e9  # mode: dataplane
 
     # -- posting from other threads / signal handlers ---------------------------------------
     def post(self, what: str = "change") -> None:
@@ -375,6 +377,8 @@ class Speaker:
             self.announcer.stop()
         if self.handover is not None:
             self.handover.close()
+        if self.dataplane is not None:  # mode: dataplane
+            self.dataplane.close()
         for key, (announcing, _reason) in self._prev.items():
             if announcing:
                 logs.event(log, "serviceWithdrawn", service=key[0], ip=key[1], reason="shutdown")
@@ -498,6 +502,28 @@ class Speaker:
         self._log_changes(seen, me)
         with self._lock:
             self._rows = rows
+        self._dataplane(me, nodes, parsed)  # mode: dataplane
+
+    def _dataplane(self, me: str, nodes: list[NodeView], parsed: Any) -> None:  # mode: dataplane
+        """Start the data plane when the config first has Backends; hand it every reconcile's view."""
+        if self.dataplane is None and getattr(parsed, "backends", None):
+            if time.monotonic() - self._dataplane_failed_at < 30:
+                return
+            from .dataplane import DataplaneMode  # noqa: PLC0415
+
+            mode = DataplaneMode()
+            try:
+                mode.start()
+            except (OSError, RuntimeError, ValueError) as exc:
+                self._dataplane_failed_at = time.monotonic()
+                logs.event(log, "dataplaneFailed", f"cannot start the data plane: {exc}", logging.ERROR)
+                return
+            self.dataplane = mode
+        if self.dataplane is not None:
+            try:
+                self.dataplane.apply(me, nodes, parsed)
+            except Exception as exc:  # noqa: BLE001 - one mode's failure never stops the loop
+                logs.event(log, "dataplaneFailed", str(exc), logging.ERROR)
 
     def reannounce(self, heals: list[str]) -> list[str]:
         """Re-announce every VIP this node leads now (run after ``reconcile``). ``heals`` are
@@ -662,6 +688,7 @@ class Speaker:
                            "keyIds": ml.key_ids() if ml else [],
                            "encrypted": bool(ml and ml.settings.keys)},
             "health": self.health.status() if self.health else {},
+            "modes": {"dataplane": self.dataplane.status()} if self.dataplane is not None else {},  # mode: dataplane
             "time": now_iso(),
         }
 
