@@ -157,16 +157,23 @@ def _hold(seg, port):
     return first, again
 
 
-@pytest.mark.parametrize("method", ["dr", "nat"])
+@pytest.mark.parametrize("method", ["dr", "nat", "fullnat-vip"])
 def test_maglev_takeover_keeps_established_connections(lab, method):
     """Both directors programmed alike; the client's frames move from n1 to n2 (a takeover).
     DR: every packet is hashed, and Maglev's table is the same on both: the flow stays on its
     server. NAT: n2 picks the mid-stream flow up (conntrack's loose TCP pickup), the same hash
-    sends it to the same server, and the servers' gateway must follow (here: re-pointed)."""
+    sends it to the same server, and the servers' gateway must follow (here: re-pointed).
+    Full-NAT with snatAddress = the VIP: the server sees the same address and port from either
+    director, and answers the VIP, which follows the leader (here: the servers' neighbour entry)."""
     seg, director = lab
+    snat = method == "fullnat-vip"
+    method = "fullnat" if snat else method
     prepare(seg, method)
     d1, d2 = director(0), director(1)
-    docs = resources(method, "maglev", ports=((80, "TCP"),))
+    docs = resources(method, "maglev", ports=((80, "TCP"),), **({"snatAddress": VIP} if snat else {}))
+    if snat:
+        for s in seg.hosts[2:4]:
+            seg.run(s.ns, f"ip neigh replace {VIP} lladdr {seg.hosts[0].mac} dev eth0 nud permanent")
     for d in (d1, d2):
         d.apply(docs)
         d.wait_programmed(all_in(2))
@@ -177,9 +184,11 @@ def test_maglev_takeover_keeps_established_connections(lab, method):
     firsts = [h[0] for h in held]
     assert all(f in ("n3", "n4") for f in firsts), firsts
     point_client(seg, seg.hosts[1])  # takeover: n2 now gets the client's frames
-    if method == "nat":
-        for s in seg.hosts[2:4]:
+    for s in seg.hosts[2:4]:
+        if method == "nat":
             seg.run(s.ns, f"ip route replace default via {seg.hosts[1].ipv4}")
+        if snat:
+            seg.run(s.ns, f"ip neigh replace {VIP} lladdr {seg.hosts[1].mac} dev eth0 nud permanent")
     before2 = sum(b["packets"] for b in backends_of(d2.cmd("status")))
     after = [again() for _first, again in held]
     assert after == firsts, (firsts, after)  # every established connection still served, same server
