@@ -109,15 +109,18 @@ def addr(host: str) -> str:
 
 
 def capture(lab, host: str, expr: str, direction: str = "inout"):
-    return lab.popen_exec(host, ["tcpdump", "-i", "eth0", "-e", "-nn", "-l", "-Q", direction, expr],
-                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    """tcpdump in ``host``; its PID there (first line) lets ``stop`` end it (ending nsenter would not)."""
+    proc = lab.popen_exec(host, ["sh", "-c", 'echo $$; exec timeout 300 tcpdump -i eth0 -e -nn -l -Q "$1" "$2"',
+                                 "sh", direction, expr], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    return lab, host, proc, proc.stdout.readline().strip()
 
 
-def stop(proc) -> str:
+def stop(cap) -> str:
+    lab, host, proc, pid = cap
     time.sleep(0.5)
-    proc.terminate()
+    lab.exec(host, ["kill", pid], check=False)
     try:
-        out, _ = proc.communicate(timeout=5)
+        out, _ = proc.communicate(timeout=10)
     except subprocess.TimeoutExpired:
         proc.kill()
         out, _ = proc.communicate()
@@ -144,7 +147,7 @@ def main() -> int:
     # spread and each method's signature
     caps = {"nat": capture(lab, leader, f"tcp and src port 8080 and dst host {CLIENT}", "in"),
             "dr-router": capture(lab, "r1", f"tcp and src host {VIPS['dr']}", "in"),
-            "dr-director": capture(lab, leader, f"src host {VIPS['dr']}")}
+            "dr-director": capture(lab, leader, f"tcp and src host {VIPS['dr']}")}
     time.sleep(1.5)
     spread = {}
     for method, vip in VIPS.items():
