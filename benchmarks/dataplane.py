@@ -142,7 +142,7 @@ def rules_bench(services: int, backends: int) -> list[dict]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--services", type=int, default=1000)
     ap.add_argument("--backends", type=int, default=10)

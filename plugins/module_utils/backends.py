@@ -337,7 +337,7 @@ def smooth_wrr(weights: list[int]) -> list[int]:
     current = [0] * len(weights)
     total = sum(weights)
     out = []
-    for _ in range(total):
+    for _step in range(total):
         for i, w in enumerate(weights):
             current[i] += w
         best = max(range(len(weights)), key=lambda i: (current[i], -i))
@@ -398,7 +398,7 @@ def slots_for(scheduler: str, weights: list[int], healthy: list[bool], names: li
     if scheduler == "wrr":
         return [alive[j] for j in smooth_wrr([weights[i] for i in alive])]
     # sh: source hash over sum(weights) slots, contiguous per server as LVS's sh does
-    return [i for i in alive for _ in range(weights[i])]
+    return [i for i in alive for _copy in range(weights[i])]
 
 
 def dataplane_plan(config: Any, healthy: set[str] | None = None) -> list[Rule]:

@@ -223,7 +223,7 @@ def _listing(seg, ns: str) -> str:
     text = re.sub(r"packets \d+ bytes \d+", "", text)
     out = []
     for table in re.split(r"\n(?=table )", text.strip()):
-        head, _, body = table.partition("\n")
+        head, _nl, body = table.partition("\n")
         blocks = re.split(r"\n(?=\t(?:chain|counter|map) )", body.rstrip().rstrip("}"))
         out.append(head + "\n" + "\n".join(sorted(b.strip() for b in blocks)))
     return "\n".join(sorted(out))

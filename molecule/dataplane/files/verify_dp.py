@@ -120,10 +120,10 @@ def stop(cap) -> str:
     time.sleep(0.5)
     lab.exec(host, ["kill", pid], check=False)
     try:
-        out, _ = proc.communicate(timeout=10)
+        out = proc.communicate(timeout=10)[0]
     except subprocess.TimeoutExpired:
         proc.kill()
-        out, _ = proc.communicate()
+        out = proc.communicate()[0]
     return out or ""
 
 
@@ -193,7 +193,7 @@ def main() -> int:
     held = {}
     for method, vip in VIPS.items():
         held[method] = []
-        for _ in range(4):
+        for _conn in range(4):
             p = lab.popen_exec("c2", ["python3", "-u", "-c", HOLD_CODE, vip], stdin=subprocess.PIPE,
                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
             held[method].append((p, p.stdout.readline().strip()))
@@ -216,13 +216,16 @@ def main() -> int:
                 claim(kept[method] == len(conns), f"{method}: established connections survive the failover",
                       results)
         report["established_kept_of_4"] = kept
-        new = {m: requests(lab, v, 10) for m, v in VIPS.items()}
+        st_other = status(lab, other)
+        report["tables_after_failover"] = {m: sorted(table(st_other, v)) for m, v in VIPS.items()}
+        new = {m: requests(lab, v, 20) for m, v in VIPS.items()}
         for m, answers in new.items():
             claim(sorted({a.split()[0] for a in answers}) == list(SERVERS[m]),
-                  f"{m}: new connections after the failover", answers)
+                  f"{m}: new connections after the failover (table of {other}: "
+                  f"{report['tables_after_failover'][m]})", answers)
     finally:
         for conns in held.values():
-            for p, _ in conns:
+            for p, _first in conns:
                 p.kill()
                 p.wait()
         lab.undo(fault["id"])

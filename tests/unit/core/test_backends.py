@@ -98,8 +98,8 @@ def test_unknown_service():
 
 
 def test_portful_server_with_tcp_udp_mix():
-    dns = service(name="dns", status_ips=[VIP], ports=[{"port": 53, "protocol": "UDP"},
-                                                        {"port": 53, "protocol": "TCP"}])
+    dns_ports = [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]
+    dns = service(name="dns", status_ips=[VIP], ports=dns_ports)
     message = one_error(backends(name="dns", servers=[{"address": "198.51.100.31", "port": 5353}]), svc=dns)
     assert "spec.servers[0].port" in message and "53/UDP, 53/TCP" in message and "leave the port out" in message
     cfg = parse_resources(docs(backends(name="dns", servers=[{"address": "198.51.100.31"}]), svc=dns))
