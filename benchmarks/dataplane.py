@@ -97,7 +97,8 @@ def big_config(services: int, backends: int, scheduler: str) -> list[dict]:
         docs.append({"apiVersion": "nocloud.io/v1alpha1", "kind": "Backends",
                      "metadata": {"name": name, "namespace": "b"},
                      "spec": {"method": "nat", "scheduler": scheduler,
-                              "servers": [{"address": f"198.51.100.{10 + j}", "port": 8000 + j}
+                              # a different server set per service: no table is shared
+                              "servers": [{"address": f"198.51.100.{10 + (i + j) % 200}", "port": 8000 + i % 50}
                                           for j in range(backends)]}})
     return docs
 
@@ -106,7 +107,8 @@ def rules_bench(services: int, backends: int) -> list[dict]:
     rows = []
     for scheduler in ("rr", "maglev"):
         parsed = parse_resources(big_config(services, backends, scheduler))
-        idents = {f"b/svc{i} 198.51.100.{10 + j}:{8000 + j}" for i in range(services) for j in range(backends)}
+        idents = {f"b/svc{i} 198.51.100.{10 + (i + j) % 200}:{8000 + i % 50}" for i in range(services)
+                  for j in range(backends)}
         t = time.perf_counter()
         rules = dataplane_plan(parsed, idents)
         plan_s = time.perf_counter() - t
@@ -114,7 +116,7 @@ def rules_bench(services: int, backends: int) -> list[dict]:
         t = time.perf_counter()
         first = nft.render(rules, ifaces)
         render_s = time.perf_counter() - t
-        failed = idents - {"b/svc0 198.51.100.10:8000"}
+        failed = idents - {"b/svc0 198.51.100.10:8000"}  # one backend of one service fails
         t = time.perf_counter()
         rules2 = dataplane_plan(parsed, failed)
         second = nft.render(rules2, ifaces, first)

@@ -35,6 +35,7 @@ NSDI 2016) computed from the server list alone, so every director builds the sam
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import ipaddress
 from collections.abc import Callable, Iterable
@@ -280,6 +281,13 @@ def _h(text: str, salt: str) -> int:
 
 
 def maglev_table(names: list[str], weights: list[int] | None = None, size: int = MAGLEV_SIZE) -> list[int]:
+    """Maglev's lookup table (see ``_maglev``); memoised, since a director recomputes it for every
+    service on every change and most services did not change."""
+    return list(_maglev(tuple(names), tuple(weights or [1] * len(names)), size))
+
+
+@functools.lru_cache(maxsize=4096)
+def _maglev(names: tuple[str, ...], weights: tuple[int, ...], size: int) -> tuple[int, ...]:
     """Maglev's lookup table: ``size`` slots, each the index of one of ``names``.
 
     Each name gets a permutation of the slots (offset and skip from two hashes of the name,
@@ -288,8 +296,7 @@ def maglev_table(names: list[str], weights: list[int] | None = None, size: int =
     ``size`` must be prime and larger than the number of names. [] when no names.
     """
     if not names:
-        return []
-    weights = weights or [1] * len(names)
+        return ()
     order = sorted(range(len(names)), key=lambda i: names[i])  # independent of list order
     offset = {i: _h(names[i], "offset") % size for i in order}
     skip = {i: _h(names[i], "skip") % (size - 1) + 1 for i in order}
@@ -307,7 +314,8 @@ def maglev_table(names: list[str], weights: list[int] | None = None, size: int =
                 table[c] = i
                 filled += 1
                 if filled == size:
-                    return table
+                    return tuple(table)
+    return tuple(table)  # not reached: the loop fills every slot
 
 
 def maglev_with_health(names: list[str], weights: list[int], healthy: list[bool],

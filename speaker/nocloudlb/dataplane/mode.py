@@ -236,7 +236,7 @@ class DataplaneMode:
         with self._lock:
             self._refused = refused
             self._rules = rules
-        if rendered.script == self._script:
+        if not rendered.script:  # nothing changed
             return False
         t0 = time.monotonic()
         try:

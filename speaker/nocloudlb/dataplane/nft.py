@@ -19,9 +19,10 @@ hash (sh, maglev) and the same table on every director: then a flow lands on the
 from any director. Names of chains and counters are hashes of what they stand for, so a
 counter keeps counting across updates and every director names things alike.
 
-An update is one script: flush the tables' rules and maps, drop the chains and counters no
-longer used, add what is new (``add`` of an existing chain or counter is a no-op), add every
-rule and element. nft applies a script as one transaction.
+The first script (after ``base_script``) writes everything. Later ones touch only the rules that
+changed: flush their chains, drop the backend chains and counters no longer used, add the new
+ones, and the map element only when a rule appears or goes. nft applies a script as one
+transaction, so a change is atomic; a health flip of one backend rewrites one service's chains.
 """
 
 from __future__ import annotations
@@ -51,12 +52,31 @@ def target_id(r: Rule, ident: str) -> str:
 
 
 @dataclass
+class Unit:
+    """One rule's share of the table: its chains, counters, rule lines and map element."""
+
+    fam: str
+    table: str
+    sid: str
+    chains: list[str]  # the backend chains (bids); sid is separate
+    rules: list[str]  # "add rule" lines of the backend chains, then the scheduler chain
+    element: str  # "MAP { key : goto sid }"
+
+
+@dataclass
 class Rendered:
     script: str
-    chains: set[tuple[str, str]] = field(default_factory=set)  # (table, chain) of service/backend chains
-    counters: set[tuple[str, str]] = field(default_factory=set)
+    units: dict[str, Unit] = field(default_factory=dict)
+    fixed: list[str] = field(default_factory=list)  # pre/post/ingress rules
+    ingress: dict[str, str] = field(default_factory=dict)  # DR ingress chain -> its "add chain" line
+    snat_marks: dict[str, int] = field(default_factory=dict)  # snatAddress -> its ct mark
+    cache: dict[tuple, Unit] = field(default_factory=dict)  # a rule's content -> its unit
     # counter name -> (service, vip, protocol, port, backend ident)
     labels: dict[str, tuple[str, str, str, int, str]] = field(default_factory=dict)
+
+    @property
+    def counters(self) -> set[str]:
+        return {b for u in self.units.values() for b in u.chains}
 
 
 def base_script() -> str:
@@ -82,92 +102,137 @@ def _selector(r: Rule, l3: str, modulus: int) -> str:
     return f"jhash {key} mod {modulus} seed {HASH_SEED:#x}"
 
 
+def _unit(r: Rule, nets: list, marks: dict[str, int], labels: dict) -> Unit | None:
+    if not r.slots:
+        return None  # no healthy server: not forwarded (the VIP on lo answers with a reset)
+    v = r.family
+    l3 = "ip" if v == 4 else "ip6"
+    dr = r.method == "dr"
+    fam, table = ("netdev", DR_TABLE) if dr else ("inet", TABLE)
+    sid = rule_id(r)
+    chains: list[str] = []
+    rules: list[str] = []
+    for i in sorted(set(r.slots)):
+        t = r.targets[i]
+        bid = target_id(r, t.ident)
+        if dr:
+            ip = ipaddress.ip_address(t.address)
+            dev = next((n for n, net in nets if ip in net), None)
+            if dev is None:
+                return None  # check_topology refused it already; never forward blind
+            rules.append(f'add rule {fam} {table} {bid} counter name "{bid}" fwd {l3} to {t.address} device "{dev}"')
+        else:
+            mark = ""
+            if r.method == "fullnat":
+                m = MARK_FULLNAT
+                if r.snat_address:
+                    m = marks[r.snat_address]
+                mark = f"ct mark set {m:#x} "
+            to = f"[{t.address}]:{t.port}" if v == 6 else f"{t.address}:{t.port}"
+            rules.append(f'add rule {fam} {table} {bid} counter name "{bid}" {mark}meta l4proto {r.protocol} '
+                         f"dnat {l3} to {to}")
+        chains.append(bid)
+        labels[bid] = (r.service, r.vip, r.protocol, r.port, t.ident)
+    vmap = ", ".join(f"{a} : goto {target_id(r, r.targets[t].ident)}" if a == b else
+                     f"{a}-{b} : goto {target_id(r, r.targets[t].ident)}" for a, b, t in slot_ranges(r.slots))
+    rules.append(f"add rule {fam} {table} {sid} {_selector(r, l3, len(r.slots))} vmap {{ {vmap} }}")
+    mapname = ("dr" if dr else "svc") + str(v)
+    return Unit(fam, table, sid, chains, rules, f"{mapname} {{ {r.vip} . {r.protocol} . {r.port} : goto {sid} }}")
+
+
 def render(rules: list[Rule], ifaces: dict[str, tuple[int, list[str]]], old: Rendered | None = None) -> Rendered:
-    """The update script for ``rules``. ``ifaces``: name -> (ifindex, prefixes) of this node's
-    interfaces with addresses (DR hooks each one and sends out of the one on the server's
-    segment). ``old``: the previous result, whose unused chains and counters are deleted."""
-    out = Rendered("")
-    lines: list[str] = [f"flush table inet {TABLE}", f"flush table netdev {DR_TABLE}",
-                        f"flush map inet {TABLE} svc4", f"flush map inet {TABLE} svc6",
-                        f"flush map netdev {DR_TABLE} dr4", f"flush map netdev {DR_TABLE} dr6"]
-    adds: list[str] = []
-    body: list[str] = []
-    snat: dict[str, int] = {}
-    dr_used = False
+    """The script that makes the tables hold ``rules``. ``ifaces``: name -> (ifindex, prefixes) of
+    this node's interfaces with addresses (DR hooks each one and sends out of the one on the
+    server's segment). ``old``: what the tables hold now (the previous result); then the script
+    touches only what changed: a health flip of one backend rewrites that service's chains, not
+    a thousand others. Without ``old`` it rewrites everything (after ``base_script``)."""
+    # one mark per snatAddress, by sorted address: the same on every director for the same rules
+    used_snat = sorted({r.snat_address for r in rules if r.method == "fullnat" and r.snat_address})
+    out = Rendered("", snat_marks={a: MARK_SNAT_BASE + i for i, a in enumerate(used_snat)})
     nets = [(name, ipaddress.ip_interface(p).network) for name, (_idx, ps) in sorted(ifaces.items()) for p in ps]
     for r in rules:
-        if not r.slots:
-            continue  # no healthy server: not forwarded (the VIP on lo answers with a reset)
-        v = r.family
-        l3 = "ip" if v == 4 else "ip6"
-        dr = r.method == "dr"
-        fam, table = ("netdev", DR_TABLE) if dr else ("inet", TABLE)
-        sid = rule_id(r)
-        used = sorted(set(r.slots))
-        if dr:
-            dr_used = True
-        targets = []
-        for i in used:
-            t = r.targets[i]
-            bid = target_id(r, t.ident)
-            out.chains.add((table, bid))
-            out.counters.add((table, bid))
-            out.labels[bid] = (r.service, r.vip, r.protocol, r.port, t.ident)
-            adds.append(f"add chain {fam} {table} {bid}")
-            adds.append(f"add counter {fam} {table} {bid}")
-            if dr:
-                ip = ipaddress.ip_address(t.address)
-                dev = next((n for n, net in nets if ip in net), None)
-                if dev is None:
-                    continue  # check_topology refused it already; never forward blind
-                body.append(f'add rule {fam} {table} {bid} counter name "{bid}" fwd {l3} to {t.address} '
-                            f'device "{dev}"')
-            else:
-                mark = ""
-                if r.method == "fullnat":
-                    m = MARK_FULLNAT
-                    if r.snat_address:
-                        m = MARK_SNAT_BASE + snat.setdefault(r.snat_address, len(snat))
-                    mark = f"ct mark set {m:#x} "
-                to = f"[{t.address}]:{t.port}" if v == 6 else f"{t.address}:{t.port}"
-                body.append(f'add rule {fam} {table} {bid} counter name "{bid}" {mark}meta l4proto {r.protocol} '
-                            f"dnat {l3} to {to}")
-            targets.append(i)
-        if not targets:
-            continue
-        out.chains.add((table, sid))
-        adds.append(f"add chain {fam} {table} {sid}")
-        modulus = len(r.slots)
-        vmap = ", ".join(f"{a} : goto {target_id(r, r.targets[t].ident)}" if a == b else
-                         f"{a}-{b} : goto {target_id(r, r.targets[t].ident)}"
-                         for a, b, t in slot_ranges(r.slots))
-        body.append(f"add rule {fam} {table} {sid} {_selector(r, l3, modulus)} vmap {{ {vmap} }}")
-        vip = f"{r.vip}"
-        mapname = ("dr" if dr else "svc") + str(v)
-        body.append(f"add element {fam} {table} {mapname} {{ {vip} . {r.protocol} . {r.port} : goto {sid} }}")
+        # a rule as it was last time renders as it did: reuse its unit (1000 Maglev services
+        # would otherwise be re-rendered on every health flip of one backend)
+        key = (r.service, r.vip, r.protocol, r.port, r.method, r.selector, tuple(r.slots), tuple(r.targets),
+               out.snat_marks.get(r.snat_address or ""), tuple(nets) if r.method == "dr" else ())
+        u = old.cache.get(key) if old is not None else None
+        if u is None or old is None:
+            u = _unit(r, nets, out.snat_marks, out.labels)
+        else:
+            out.labels.update({b: old.labels[b] for b in u.chains if b in old.labels})
+        if u is not None:
+            out.units[u.sid] = u
+            out.cache[key] = u
     # fixed rules
-    body.append(f"add rule inet {TABLE} pre ip daddr . meta l4proto . th dport vmap @svc4")
-    body.append(f"add rule inet {TABLE} pre ip6 daddr . meta l4proto . th dport vmap @svc6")
-    body.append(f"add rule inet {TABLE} post ct mark {MARK_FULLNAT:#x} masquerade")
-    for addr, k in snat.items():
+    fixed = [f"add rule inet {TABLE} pre ip daddr . meta l4proto . th dport vmap @svc4",
+             f"add rule inet {TABLE} pre ip6 daddr . meta l4proto . th dport vmap @svc6",
+             f"add rule inet {TABLE} post ct mark {MARK_FULLNAT:#x} masquerade"]
+    for addr, m in sorted(out.snat_marks.items()):
         l3 = "ip" if ipaddress.ip_address(addr).version == 4 else "ip6"
-        body.append(f"add rule inet {TABLE} post meta nfproto ipv{4 if l3 == 'ip' else 6} "
-                    f"ct mark {MARK_SNAT_BASE + k:#x} snat {l3} to {addr}")
-    if dr_used:
+        fixed.append(f"add rule inet {TABLE} post meta nfproto ipv{4 if l3 == 'ip' else 6} ct mark {m:#x} "
+                     f"snat {l3} to {addr}")
+    if any(u.fam == "netdev" for u in out.units.values()):
         for name, (idx, _ps) in sorted(ifaces.items()):
             chain = f"in{idx}"
-            out.chains.add((DR_TABLE, chain))
-            adds.append(f'add chain netdev {DR_TABLE} {chain} {{ type filter hook ingress device "{name}" '
-                        "priority -400; policy accept; }")
-            body.append(f"add rule netdev {DR_TABLE} {chain} ip daddr . meta l4proto . th dport vmap @dr4")
-            body.append(f"add rule netdev {DR_TABLE} {chain} ip6 daddr . meta l4proto . th dport vmap @dr6")
-    deletes: list[str] = []
-    if old is not None:
-        for table, chain in sorted(old.chains - out.chains):
-            fam = "netdev" if table == DR_TABLE else "inet"
-            deletes.append(f"delete chain {fam} {table} {chain}")
-        for table, name in sorted(old.counters - out.counters):
-            fam = "netdev" if table == DR_TABLE else "inet"
-            deletes.append(f"delete counter {fam} {table} {name}")
-    out.script = "\n".join(lines + deletes + adds + body) + "\n"
+            out.ingress[chain] = (f'add chain netdev {DR_TABLE} {chain} {{ type filter hook ingress device "{name}" '
+                                  "priority -400; policy accept; }")
+            fixed.append(f"add rule netdev {DR_TABLE} {chain} ip daddr . meta l4proto . th dport vmap @dr4")
+            fixed.append(f"add rule netdev {DR_TABLE} {chain} ip6 daddr . meta l4proto . th dport vmap @dr6")
+    out.fixed = fixed
+    lines: list[str] = []
+    if old is None:
+        lines += [f"flush table inet {TABLE}", f"flush table netdev {DR_TABLE}"]
+        lines += [f"flush map inet {TABLE} {m}" for m in ("svc4", "svc6")]
+        lines += [f"flush map netdev {DR_TABLE} {m}" for m in ("dr4", "dr6")]
+        lines += list(out.ingress.values())
+        for u in out.units.values():
+            lines += [f"add chain {u.fam} {u.table} {c}" for c in [*u.chains, u.sid]]
+            lines += [f"add counter {u.fam} {u.table} {c}" for c in u.chains]
+        for u in out.units.values():
+            lines += u.rules
+            lines.append(f"add element {u.fam} {u.table} {u.element}")
+        lines += fixed
+    else:
+        if fixed != old.fixed or out.ingress != old.ingress:
+            lines += [f"flush chain inet {TABLE} pre", f"flush chain inet {TABLE} post"]
+            lines += [f"flush chain netdev {DR_TABLE} {c}" for c in old.ingress]
+            lines += [f"delete chain netdev {DR_TABLE} {c}" for c in old.ingress if c not in out.ingress]
+            lines += [line for c, line in out.ingress.items() if c not in old.ingress]
+        adds: list[str] = []
+        body: list[str] = []
+        drops: list[str] = []
+        for sid, ou in old.units.items():
+            nu = out.units.get(sid)
+            if nu is not None and nu.rules == ou.rules and nu.element == ou.element:
+                continue
+            # the service chain first: its vmap is what references the backend chains
+            lines.append(f"flush chain {ou.fam} {ou.table} {sid}")
+            keep = set(nu.chains) if nu is not None and nu.fam == ou.fam else set()
+            for c in ou.chains:
+                lines.append(f"flush chain {ou.fam} {ou.table} {c}")
+                if c not in keep:
+                    drops += [f"delete chain {ou.fam} {ou.table} {c}", f"delete counter {ou.fam} {ou.table} {c}"]
+            if nu is None or nu.element != ou.element or nu.fam != ou.fam:
+                lines.append(f"delete element {ou.fam} {ou.table} {ou.element.split(' : ')[0]} }}")
+            if nu is None or nu.fam != ou.fam:
+                drops.append(f"delete chain {ou.fam} {ou.table} {sid}")
+        for sid, nu in out.units.items():
+            prev = old.units.get(sid)
+            if prev is not None and nu.rules == prev.rules and nu.element == prev.element:
+                continue
+            pu = prev
+            same_fam = pu is not None and pu.fam == nu.fam
+            adds += [f"add chain {nu.fam} {nu.table} {c}" for c in nu.chains
+                     if not (same_fam and pu is not None and c in pu.chains)]
+            adds += [f"add counter {nu.fam} {nu.table} {c}" for c in nu.chains
+                     if not (same_fam and pu is not None and c in pu.chains)]
+            if not same_fam:
+                adds.append(f"add chain {nu.fam} {nu.table} {sid}")
+            body += nu.rules
+            if pu is None or not same_fam or nu.element != pu.element:
+                body.append(f"add element {nu.fam} {nu.table} {nu.element}")
+        lines += drops + adds + body
+        if fixed != old.fixed or out.ingress != old.ingress:
+            lines += fixed
+    out.script = "\n".join(lines) + "\n" if lines else ""
     return out
