@@ -51,6 +51,7 @@ labtests: deps venv
 molecule: deps venv
 	molecule test -s lab
 	molecule test -s default
+	molecule test -s dataplane
 
 test: deps venv lint unit sanity netns labtests molecule
 
@@ -70,6 +71,7 @@ bench: deps venv
 	$(PY) benchmarks/core_bench.py
 	$(PY) benchmarks/arp_latency.py -n 500
 	$(PY) benchmarks/handover.py --cycles 5
+	$(PY) benchmarks/dataplane.py --seconds 5
 
 # About 8 minutes: 20 kill -9 per profile, keepalived beside the speaker.
 bench-failover: deps venv
