@@ -53,6 +53,7 @@ molecule: deps venv
 	molecule test -s lab
 	molecule test -s default
 	molecule test -s keepalived
+	molecule test -s dataplane
 
 test: deps venv lint unit sanity netns labtests molecule chaos-short
 
@@ -72,6 +73,7 @@ bench: deps venv
 	$(PY) benchmarks/core_bench.py
 	$(PY) benchmarks/arp_latency.py -n 500
 	$(PY) benchmarks/handover.py --cycles 5
+	$(PY) benchmarks/dataplane.py --seconds 5
 
 # About 8 minutes: 20 kill -9 per profile, keepalived beside the speaker.
 bench-failover: deps venv

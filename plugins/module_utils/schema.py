@@ -118,10 +118,12 @@ KINDS: dict[str, tuple[tuple[str, ...], frozenset[str]]] = {
     "Service": (("v1",), SERVICE_SPEC_FIELDS),
     "Namespace": (("v1",), frozenset({"finalizers"})),
     "Secret": (("v1",), frozenset()),
+    # mode: dataplane - our own kind (nocloud.io/v1alpha1), parsed in backends.py
+    "Backends": (("nocloud.io/v1alpha1",), frozenset({"method", "scheduler", "healthCheck", "servers", "snatAddress"})),
 }
 # Documents are parsed in this order so references resolve whatever the manifest order.
 KIND_ORDER = ("Namespace", "Secret", "BFDProfile", "Community", "IPAddressPool", "L2Advertisement",
-              "BGPPeer", "BGPAdvertisement", "Service")
+              "BGPPeer", "BGPAdvertisement", "Service", "Backends")
 
 _DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -323,6 +325,7 @@ class Config:
     services: list[Service] = field(default_factory=list)
     namespaces: dict[str, dict] = field(default_factory=dict)
     secrets: dict[str, dict] = field(default_factory=dict)
+    backends: dict[str, Any] = field(default_factory=dict)  # mode: dataplane - "ns/name" -> backends.Backends
 
     def pool_for_ip(self, ip: object) -> Pool | None:
         """The pool whose ranges hold ``ip`` (str or ipaddress object), or None."""
@@ -1266,7 +1269,7 @@ def parse_resources(docs: list[dict]) -> Config:
         bad_namespace = not isinstance(namespace, str)
         if bad_namespace:
             namespace = str(namespace)
-        label = f"{namespace}/{name}" if kind == "Service" else str(name)
+        label = f"{namespace}/{name}" if kind in ("Service", "Backends") else str(name)
         res_where = f"{kind} {_q(label)}" if name and isinstance(name, str) else f"{where} ({kind})"
         res = _Res(errors, kind, doc, res_where)
         if api not in versions:
@@ -1289,13 +1292,13 @@ def parse_resources(docs: list[dict]) -> Config:
         pattern, rule = _DNS1123_SUBDOMAIN, "a lowercase RFC 1123 subdomain"
         if kind == "Namespace":
             pattern, rule = _DNS1123_LABEL, "a lowercase RFC 1123 label"
-        elif kind == "Service":
+        elif kind in ("Service", "Backends"):
             pattern, rule = _DNS1035_LABEL, "a DNS-1035 label (lowercase letters, digits, '-', starting with a letter)"
         if not pattern.match(name) or len(name) > (63 if kind in ("Namespace", "Service") else 253):
             res.err("metadata.name", f"{_q(name)} is not a valid name: must be {rule}")
         if bad_namespace:
             res.err("metadata.namespace", f"must be a string, got {meta.get('namespace')!r}")
-        elif kind == "Service" and not _DNS1123_LABEL.match(namespace):
+        elif kind in ("Service", "Backends") and not _DNS1123_LABEL.match(namespace):
             res.err("metadata.namespace", f"{_q(namespace)} is not a valid namespace name")
         spec = doc.get("spec")
         if spec is not None and not isinstance(spec, dict):
@@ -1348,6 +1351,13 @@ def parse_resources(docs: list[dict]) -> Config:
         svc = _parse_service(res)
         if svc is not None:
             config.services.append(svc)
+    if by_kind["Backends"]:  # mode: dataplane
+        from .backends import parse_backends_spec  # noqa: PLC0415
+
+        for res in by_kind["Backends"]:
+            ns = str(res.meta.get("namespace") or "default")
+            config.backends[f"{ns}/{res.name}"] = parse_backends_spec(
+                ns, res.name, res.spec, config.service(f"{ns}/{res.name}"), res.err)
     if errors.items:
         raise ConfigError(errors.items)
     return config

@@ -143,6 +143,7 @@ class Speaker:
         self._restart_pending: list[str] = []
         self._peer_configs: dict[str, str] = {}
         self._loop_errors = 0
+        self._mode_failed_at: dict[str, float] = {}  # optional modes whose start failed, when
         self._view_waiters: dict[str, tuple[threading.Event, dict]] = {}
         self._reloaded = threading.Condition()
         self._reload_count = 0
@@ -280,6 +281,37 @@ class Speaker:
                                     is_peer_mac=self.l2.is_peer_mac)
         modes.append(self.l2)
         return modes
+
+    # Modes a config may ask for after start (a reload that adds Backends or BGPPeers): each
+    # is (name, does this config need it, how to make it). Started on the first reconcile
+    # that needs it; a start that fails is logged and tried again 30 s later, while the
+    # other modes go on.
+    def _optional_modes(self) -> list[tuple[str, Any, Any]]:
+        def dataplane(cfg: SpeakerConfig) -> Mode:  # mode: dataplane
+            from .dataplane import DataplaneMode  # noqa: PLC0415
+
+            return DataplaneMode()
+
+        return [
+            ("dataplane", lambda parsed: bool(getattr(parsed, "backends", None)), dataplane),
+        ]
+
+    def _ensure_modes(self, cfg: SpeakerConfig) -> None:
+        running = {m.name for m in self.modes}
+        for name, needed, make in self._optional_modes():
+            if name in running or not needed(cfg.parsed):
+                continue
+            if time.monotonic() - self._mode_failed_at.get(name, -1e9) < 30:
+                continue
+            try:
+                mode = make(cfg)
+                mode.start()
+            except Exception as exc:  # noqa: BLE001 - one mode that cannot start never stops the others
+                self._mode_failed_at[name] = time.monotonic()
+                logs.event(log, "modeFailed", f"cannot start the {name} mode: {exc}", logging.ERROR, mode=name)
+                continue
+            self.modes.append(ModeRunner(mode))
+            logs.event(log, "modeStarted", mode=name)
 
     def _start(self, cfg: SpeakerConfig) -> None:
         self.labels = LabelStore(cfg.state_dir)
@@ -483,6 +515,7 @@ class Speaker:
             return
         self._publish()
         nodes = self.node_views()
+        self._ensure_modes(cfg)
         for m in self.modes:
             m.apply(cfg.node_name, nodes, cfg.parsed)
 

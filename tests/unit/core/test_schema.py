@@ -136,7 +136,7 @@ CASES = [
     ("not a mapping", [42], ["resources[0]: must be a mapping (a Kubernetes-style document), got 42"]),
     ("unknown kind", [{"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "x"}}],
      ['resources[0]: unknown kind "Deployment" (apiVersion "apps/v1"); supported kinds: BFDProfile, BGPAdvertisement, '
-      "BGPPeer, Community, IPAddressPool, L2Advertisement, Namespace, Secret, Service"]),
+      "BGPPeer, Backends, Community, IPAddressPool, L2Advertisement, Namespace, Secret, Service"]),
     ("wrong apiVersion", [dict(P, apiVersion="metallb.io/v1")],
      ['IPAddressPool "p": apiVersion: "metallb.io/v1" is not supported for IPAddressPool, use metallb.io/v1beta1']),
     ("unknown top-level field", [dict(P, extra=1)], ['IPAddressPool "p": extra: unknown field "extra"']),

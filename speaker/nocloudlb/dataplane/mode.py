@@ -1,0 +1,320 @@
+"""The data plane mode: forward each VIP:port to its real servers with nftables (see nft.py).
+
+``apply`` (decision thread) only records what to program and wakes the worker; the worker
+checks the backends, plans (``nocloudlb.core.backends.dataplane_plan``), renders, and runs one
+``nft -f`` per change. Every node an advertisement selects for a VIP's pool is programmed, not
+only the VIP's leader, so a takeover needs no reprogramming.
+
+Backends are checked by a HealthChecker of their own (keys ``ns/name address:port``), with
+the Backends' healthCheck (the ``nocloud.io/health-check`` forms with rise/fall; host = the
+server, port = the check's or the server's). Without a healthCheck a server counts healthy.
+
+Refused here, with the reason in ``status()["services"][key]["refused"]`` and one log event:
+servers off this node's segments for DR and NAT (``check_topology``), and ``tun`` (this
+kernel has no IPIP). A refused service is not forwarded; the others are.
+
+``withdraw_all`` keeps the rules: the data plane announces nothing, and keeping them keeps
+the flows conntrack still tracks when traffic arrives here. ``close`` deletes both tables;
+``start`` replaces whatever a crashed run left.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import REGISTRY
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from nocloudlb.core.backends import Rule, check_topology, dataplane_plan
+
+from ..health import CheckSpec, HealthChecker
+from ..logs import event
+from . import nft
+
+log = logging.getLogger("nocloudlb.dataplane")
+
+
+def local_interfaces() -> dict[str, tuple[int, list[str]]]:
+    """name -> (ifindex, prefixes) of every interface but lo that holds an address (``ip -j addr``)."""
+    proc = subprocess.run(["ip", "-j", "addr", "show"], capture_output=True, text=True, timeout=5, check=True)
+    out: dict[str, tuple[int, list[str]]] = {}
+    for link in json.loads(proc.stdout or "[]"):
+        name = link.get("ifname", "")
+        if not name or name == "lo":
+            continue
+        prefixes = [f"{a['local']}/{a['prefixlen']}" for a in link.get("addr_info", [])
+                    if a.get("family") in ("inet", "inet6") and a.get("scope") != "link"]
+        if prefixes:
+            out[name] = (int(link["ifindex"]), prefixes)
+    return out
+
+
+def backend_checks(parsed: Any) -> dict[str, CheckSpec | None]:
+    """``ns/name address:port`` -> the check of that server (None: no check, healthy)."""
+    out: dict[str, CheckSpec | None] = {}
+    for b in getattr(parsed, "backends", {}).values():
+        svc = parsed.service(b.key)
+        if svc is None:
+            continue
+        for port, _proto in svc.ports:
+            for s in b.servers:
+                key = f"{b.key} {s.ident(port)}"
+                if b.health_check is None:
+                    out[key] = None
+                    continue
+                raw = dict(b.health_check)
+                raw["host"] = s.address
+                raw["port"] = raw.get("port") or s.target(port)
+                if raw["type"] == "exec":
+                    raw["command"] = [c.replace("{address}", s.address).replace("{port}", str(s.target(port)))
+                                      for c in raw["command"]]
+                out[key] = CheckSpec.from_dict(f"Backends {b.key}", raw)
+    return out
+
+
+def eligible_vips(me: str, nodes: list[Any], parsed: Any) -> set[str]:
+    """VIPs this node may serve: an L2 or BGP advertisement of the VIP's pool selects it and the service."""
+    labels: dict = next((n.labels or {} for n in nodes if n.name == me), {})
+    out: set[str] = set()
+    for b in getattr(parsed, "backends", {}).values():
+        svc = parsed.service(b.key)
+        if svc is None:
+            continue
+        for ip in svc.ingress_ips:
+            pool = parsed.pool_for_ip(ip)
+            if pool is None:
+                continue
+            ads = list(parsed.l2_advertisements_for_pool(pool.name)) + list(
+                parsed.bgp_advertisements_for_pool(pool.name))
+            if any(a.selects_service(svc.labels) and a.selects_node(labels) for a in ads):
+                out.add(ip)
+    return out
+
+
+class DataplaneMode:
+    name = "dataplane"
+
+    def __init__(self, logger: logging.Logger | None = None, nft_path: str | None = None,
+                 interfaces: Any = local_interfaces, registry: Any = REGISTRY) -> None:
+        self.log = logger or log
+        self.nft = nft_path or shutil.which("nft") or ""
+        self._interfaces = interfaces
+        self._registry = registry
+        self._collector: Collector | None = None
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = False
+        self._thread: threading.Thread | None = None
+        self._want: tuple[str, list[Any], Any] | None = None
+        self._rendered: nft.Rendered | None = None
+        self._script = ""
+        self._rules: list[Rule] = []
+        self._refused: dict[str, str] = {}
+        self._error = ""
+        self._updates = 0
+        self._last_seconds = 0.0
+        self._checks: dict[str, CheckSpec | None] = {}
+        self.health: HealthChecker | None = None
+        self.available = False
+
+    # -- Mode interface ------------------------------------------------------------------
+    def start(self) -> None:
+        if not self.nft:
+            raise RuntimeError("dataplane: the nft command (package nftables) is missing")
+        self._run(nft.base_script())  # replaces what a crashed run left; raises: start fails closed
+        self.available = True
+        self.health = HealthChecker(self._wake.set, logging.getLogger("nocloudlb.dataplane.health"))
+        if self._registry is not None:
+            self._collector = _Collector(self)
+            self._registry.register(self._collector)
+        self._thread = threading.Thread(target=self._loop, name="dataplane", daemon=True)
+        self._thread.start()
+
+    def apply(self, me: str, nodes: list[Any], parsed: Any) -> None:
+        with self._lock:
+            self._want = (me, list(nodes), parsed)
+        self._wake.set()
+
+    def withdraw_all(self) -> None:
+        """Nothing to withdraw: forwarding announces nothing (see the module docstring)."""
+
+    def status(self) -> dict[str, Any]:
+        counters = self.counters()
+        with self._lock:
+            services: dict[str, dict[str, Any]] = {}
+            for r in self._rules:
+                svc = services.setdefault(r.service, {"method": r.method, "scheduler": r.scheduler, "rules": []})
+                backends = []
+                for i, t in enumerate(r.targets):
+                    c = counters.get(nft.target_id(r, t.ident), {})
+                    backends.append({"backend": t.ident, "weight": t.weight, "healthy": t.healthy,
+                                     "inTable": i in r.slots, "packets": c.get("packets", 0),
+                                     "bytes": c.get("bytes", 0)})
+                svc["rules"].append({"vip": r.vip, "protocol": r.protocol, "port": r.port,
+                                     "slots": len(r.slots), "backends": backends})
+            for key, why in self._refused.items():
+                services.setdefault(key, {})["refused"] = why
+            return {"available": self.available, "error": self._error, "updates": self._updates,
+                    "lastUpdateSeconds": round(self._last_seconds, 4), "services": services,
+                    "health": self.health.status() if self.health else {}}
+
+    def close(self) -> None:
+        self._stop = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=15)
+        if self.health is not None:
+            self.health.stop()
+        if self._collector is not None and self._registry is not None:
+            try:
+                self._registry.unregister(self._collector)
+            except KeyError:
+                pass
+        if self.available:
+            self.available = False
+            try:
+                self._run(f"delete table inet {nft.TABLE}\ndelete table netdev {nft.DR_TABLE}\n")
+            except (OSError, RuntimeError, subprocess.TimeoutExpired) as exc:
+                event(self.log, "dataplaneFailed", f"cannot delete the tables: {exc}", logging.WARNING)
+
+    # -- the worker ----------------------------------------------------------------------
+    def _run(self, script: str) -> None:
+        proc = subprocess.run([self.nft, "-f", "-"], input=script, capture_output=True, text=True, timeout=30,
+                              check=False)
+        if proc.returncode != 0:
+            raise RuntimeError(proc.stderr.strip() or f"nft exited with {proc.returncode}")
+
+    def _loop(self) -> None:
+        while not self._stop:
+            self._wake.wait(timeout=5.0)
+            self._wake.clear()
+            if self._stop:
+                return
+            try:
+                self.sync()
+            except Exception as exc:  # noqa: BLE001 - one failure never stops the worker
+                self._error = str(exc)
+                event(self.log, "dataplaneFailed", str(exc), logging.ERROR)
+
+    def sync(self) -> bool:
+        """Program what the last ``apply`` asked for; True when nft ran."""
+        with self._lock:
+            want = self._want
+        if want is None or self.health is None:
+            return False
+        me, nodes, parsed = want
+        checks = backend_checks(parsed)
+        if checks != self._checks:
+            self.health.configure(checks)
+            self._checks = checks
+        ifaces = self._interfaces()
+        refused: dict[str, str] = {}
+        for b in getattr(parsed, "backends", {}).values():
+            if b.method == "tun":
+                refused[b.key] = ("method tun needs IP-in-IP (the ipip kernel module), which this data plane does "
+                                  "not program: use dr, nat or fullnat")
+        prefixes = [p for _i, ps in ifaces.values() for p in ps]
+        for problem in check_topology(getattr(parsed, "backends", {}).values(), prefixes):
+            key = problem.split('"', 2)[1]
+            refused.setdefault(key, problem)
+        healthy = self.health.healthy()
+        vips = eligible_vips(me, nodes, parsed)
+        rules = [r for r in dataplane_plan(parsed, healthy) if r.vip in vips and r.service not in refused]
+        for key, why in refused.items():
+            if self._refused.get(key) != why:
+                event(self.log, "backendsRefused", why, logging.ERROR, service=key)
+        self._forwarding(rules)
+        rendered = nft.render(rules, ifaces, self._rendered)
+        with self._lock:
+            self._refused = refused
+            self._rules = rules
+        if not rendered.script:  # nothing changed
+            return False
+        t0 = time.monotonic()
+        try:
+            self._run(rendered.script)
+        except (OSError, RuntimeError, subprocess.TimeoutExpired) as exc:
+            # the tables may be gone (nft flush ruleset) or a device vanished: start over, once
+            event(self.log, "dataplaneRetry", str(exc), logging.WARNING)
+            self._run(nft.base_script())
+            rendered = nft.render(rules, ifaces, None)
+            self._run(rendered.script)
+        self._last_seconds = time.monotonic() - t0
+        self._rendered, self._script = rendered, rendered.script
+        self._updates += 1
+        self._error = ""
+        event(self.log, "dataplaneUpdated", rules=len(rules), seconds=round(self._last_seconds, 4),
+              healthy=len([t for r in rules for t in r.targets if t.healthy]))
+        return True
+
+    _forwarding_set: set[int] = set()
+
+    def _forwarding(self, rules: list[Rule]) -> None:
+        """NAT and full-NAT route the packets they rewrite: turn IP forwarding on once it is needed."""
+        need = {r.family for r in rules if r.method in ("nat", "fullnat")}
+        for v in sorted(need - self._forwarding_set):
+            path = "/proc/sys/net/ipv4/ip_forward" if v == 4 else "/proc/sys/net/ipv6/conf/all/forwarding"
+            try:
+                with open(path, encoding="ascii") as f:
+                    on = f.read().strip() == "1"
+                if not on:
+                    with open(path, "w", encoding="ascii") as f:
+                        f.write("1\n")
+                    event(self.log, "forwardingEnabled", f"{path} = 1 for NAT/full-NAT", ipVersion=v)
+                self._forwarding_set = self._forwarding_set | {v}
+            except OSError as exc:
+                event(self.log, "dataplaneFailed", f"cannot enable forwarding ({path}): {exc}", logging.ERROR)
+
+    def counters(self) -> dict[str, dict[str, int]]:
+        """Counter name -> {packets, bytes}, read now from both tables ({} when unavailable)."""
+        if not self.available:
+            return {}
+        out: dict[str, dict[str, int]] = {}
+        for fam, table in (("inet", nft.TABLE), ("netdev", nft.DR_TABLE)):
+            proc = subprocess.run([self.nft, "-j", "list", "counters", "table", fam, table], capture_output=True,
+                                  text=True, timeout=10, check=False)
+            if proc.returncode != 0:
+                continue
+            for item in json.loads(proc.stdout or "{}").get("nftables", []):
+                c = item.get("counter")
+                if c:
+                    out[c["name"]] = {"packets": int(c.get("packets", 0)), "bytes": int(c.get("bytes", 0))}
+        return out
+
+
+class _Collector(Collector):
+    """``nocloudlb_dataplane_backend_{packets,bytes}_total`` and ``..._backend_healthy`` per backend."""
+
+    def __init__(self, mode: DataplaneMode) -> None:
+        self.mode = mode
+
+    def collect(self) -> Iterator[Any]:
+        labels = ["service", "vip", "protocol", "port", "backend"]
+        packets = CounterMetricFamily("nocloudlb_dataplane_backend_packets",
+                                      "Packets sent to a backend (NAT: a flow's first packet, i.e. connections; "
+                                      "DR: every packet)", labels=labels)
+        octets = CounterMetricFamily("nocloudlb_dataplane_backend_bytes", "Bytes counted with the packets",
+                                     labels=labels)
+        healthy = GaugeMetricFamily("nocloudlb_dataplane_backend_healthy", "1 when the backend passes its check",
+                                    labels=labels)
+        counters = self.mode.counters()
+        with self.mode._lock:
+            rules = list(self.mode._rules)
+        for r in rules:
+            for t in r.targets:
+                lv = [r.service, r.vip, r.protocol, str(r.port), t.ident]
+                c = counters.get(nft.target_id(r, t.ident), {})
+                packets.add_metric(lv, c.get("packets", 0))
+                octets.add_metric(lv, c.get("bytes", 0))
+                healthy.add_metric(lv, 1 if t.healthy else 0)
+        yield packets
+        yield octets
+        yield healthy

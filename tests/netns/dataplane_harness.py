@@ -1,0 +1,240 @@
+"""A data-plane lab in namespaces: two directors, two real servers, a client on another subnet.
+
+One Ethernet segment (netns.make_segment, 4 hosts + client)::
+
+    n1, n2   directors 198.51.100.11/.12, each running DataplaneMode (a small runner process)
+    n3, n4   real servers 198.51.100.13/.14: TCP and UDP on port 80 answer their own name
+    c        client 192.0.2.10/24 (another subnet on the same wire, so NAT replies must go
+             back through a director), reaching the VIP through a static neighbour entry
+             that names the director in charge (a takeover = re-pointing it)
+
+The real servers are prepared per method as the realserver role does: NAT -> default route
+via the director; full-NAT -> nothing; DR -> VIP on lo with arp_ignore=1/arp_announce=2 and
+the client's subnet on-link (replies go straight to the client).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+
+import yaml
+
+VIP = "198.51.100.200"
+CLIENT = "192.0.2.10"
+CLIENT_NET = "192.0.2.0/24"
+
+SERVER_CODE = r"""
+import socket, socketserver, sys, threading
+name = sys.argv[1]
+class T(socketserver.BaseRequestHandler):
+    def handle(self):
+        try:
+            self.request.settimeout(5)
+            data = self.request.recv(100)
+            if data.startswith(b"HOLD"):
+                while True:  # a long-lived connection: echo its name on every line
+                    self.request.sendall(name.encode() + b"\n")
+                    if not self.request.recv(100):
+                        return
+            else:
+                self.request.sendall(name.encode() + b" " + str(self.client_address[0]).encode() + b"\n")
+        except OSError:
+            pass
+class U(socketserver.BaseRequestHandler):
+    def handle(self):
+        self.request[1].sendto(name.encode() + b" " + str(self.client_address[0]).encode(), self.client_address)
+socketserver.ThreadingTCPServer.allow_reuse_address = True
+socketserver.ThreadingTCPServer.daemon_threads = True
+t = socketserver.ThreadingTCPServer(("0.0.0.0", 80), T)
+u = socketserver.UDPServer(("0.0.0.0", 80), U)
+threading.Thread(target=u.serve_forever, daemon=True).start()
+print("ready", flush=True)
+t.serve_forever()
+"""
+
+RUNNER_CODE = r"""
+import json, logging, sys, yaml
+from nocloudlb.core.election import NodeView
+from nocloudlb.core.schema import parse_resources
+from nocloudlb.dataplane import DataplaneMode
+logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+me = sys.argv[1]
+mode = DataplaneMode(registry=None)
+mode.start()
+print(json.dumps({"ready": True}), flush=True)
+for line in sys.stdin:
+    cmd, _, arg = line.strip().partition(" ")
+    try:
+        if cmd == "apply":
+            with open(arg) as f:
+                parsed = parse_resources(yaml.safe_load(f))
+            mode.apply(me, [NodeView(me, {}, "alive", frozenset())], parsed)
+            out = {"ok": True}
+        elif cmd == "sync":
+            out = {"ok": True, "ran": mode.sync()}
+        elif cmd == "status":
+            out = mode.status()
+        elif cmd == "quit":
+            mode.close()
+            print(json.dumps({"ok": True}), flush=True)
+            break
+        else:
+            out = {"ok": False}
+    except Exception as exc:
+        out = {"ok": False, "error": repr(exc)}
+    print(json.dumps(out), flush=True)
+"""
+
+
+def resources(method: str, scheduler: str, health: str | None = None, servers: list | None = None,
+              ports: tuple[tuple[int, str], ...] = ((80, "TCP"), (80, "UDP")), **extra) -> list[dict]:
+    spec: dict = {"method": method, "scheduler": scheduler,
+                  "servers": [a if isinstance(a, dict) else {"address": a}
+                              for a in servers or ["198.51.100.13", "198.51.100.14"]], **extra}
+    if health:
+        spec["healthCheck"] = health
+    return [
+        {"apiVersion": "metallb.io/v1beta1", "kind": "IPAddressPool", "metadata": {"name": "p"},
+         "spec": {"addresses": ["198.51.100.200-198.51.100.210"]}},
+        {"apiVersion": "metallb.io/v1beta1", "kind": "L2Advertisement", "metadata": {"name": "l2"}, "spec": {}},
+        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web", "namespace": "prod"},
+         "spec": {"type": "LoadBalancer", "ports": [{"port": p, "protocol": pr} for p, pr in ports]},
+         "status": {"loadBalancer": {"ingress": [{"ip": VIP}]}}},
+        {"apiVersion": "nocloud.io/v1alpha1", "kind": "Backends", "metadata": {"name": "web", "namespace": "prod"},
+         "spec": spec},
+    ]
+
+
+class Director:
+    def __init__(self, seg, host) -> None:
+        self.seg, self.host = seg, host
+        self.proc = seg.popen(host.ns, [sys.executable, "-u", "-c", RUNNER_CODE, host.ns], stdin=subprocess.PIPE)
+        first = self._read()
+        assert first.get("ready"), first
+
+    def _read(self) -> dict:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"runner in {self.host.ns} ended: {self.proc.stderr.read() if self.proc.stderr else ''}")
+        return json.loads(line)
+
+    def cmd(self, text: str) -> dict:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(text + "\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def apply(self, docs: list[dict]) -> None:
+        fd, path = tempfile.mkstemp(prefix="dp-", suffix=".yaml")
+        with os.fdopen(fd, "w") as f:
+            yaml.safe_dump(docs, f)
+        assert self.cmd(f"apply {path}")["ok"]
+        os.unlink(path)
+
+    def wait_programmed(self, want, timeout: float = 20.0) -> dict:
+        """Status once ``want(status)`` holds (the worker runs on its own thread)."""
+        end = time.monotonic() + timeout
+        st: dict = {}
+        while time.monotonic() < end:
+            st = self.cmd("status")
+            if want(st):
+                return st
+            time.sleep(0.2)
+        raise AssertionError(f"{self.host.ns}: not programmed in {timeout}s: {json.dumps(st)[:2000]}")
+
+    def nft(self) -> str:
+        return self.seg.run(self.host.ns, ["nft", "list", "ruleset"]).stdout
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.cmd("quit")
+                self.proc.wait(timeout=10)
+            except (OSError, RuntimeError, subprocess.TimeoutExpired, ValueError):
+                self.seg.kill(self.proc)
+
+
+def backends_of(st: dict, vip: str = VIP, proto: str = "tcp", port: int = 80) -> list[dict]:
+    for svc in st.get("services", {}).values():
+        for r in svc.get("rules", []):
+            if (r["vip"], r["protocol"], r["port"]) == (vip, proto, port):
+                return r["backends"]
+    return []
+
+
+def in_table(st: dict) -> set[str]:
+    return {b["backend"] for b in backends_of(st) if b["inTable"]}
+
+
+def prepare(seg, method: str) -> tuple[list, list]:
+    """Directors (n1, n2) and real servers (n3, n4) prepared for ``method``; servers started."""
+    directors, servers = seg.hosts[:2], seg.hosts[2:4]
+    c = seg.client
+    seg.run(c.ns, f"ip addr add {CLIENT}/24 dev eth0 && ip route add {VIP}/32 dev eth0 src {CLIENT}")
+    for d in directors:
+        seg.run(d.ns, f"ip route add {CLIENT_NET} dev eth0 && sysctl -qw net.ipv4.conf.all.send_redirects=0 "
+                      "net.ipv4.conf.eth0.send_redirects=0")
+    for s in servers:
+        if method == "nat":
+            seg.run(s.ns, f"ip route add default via {directors[0].ipv4}")
+        elif method == "dr":
+            seg.run(s.ns, f"ip addr add {VIP}/32 dev lo && sysctl -qw net.ipv4.conf.all.arp_ignore=1 "
+                          "net.ipv4.conf.all.arp_announce=2 net.ipv4.conf.eth0.arp_ignore=1 "
+                          f"net.ipv4.conf.eth0.arp_announce=2 && ip route add {CLIENT_NET} dev eth0")
+        p = seg.popen(s.ns, [sys.executable, "-u", "-c", SERVER_CODE, s.ns.rsplit("-", 1)[1]])
+        assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+    return directors, servers
+
+
+def point_client(seg, director) -> None:
+    """The client sends the VIP's frames to ``director`` (what the L2 announcer's ARP answer does)."""
+    seg.run(seg.client.ns, f"ip neigh replace {VIP} lladdr {director.mac} dev eth0 nud permanent")
+
+
+CLIENT_CODE = r"""
+import json, socket, sys, time
+vip, n, proto, base = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+out = []
+for i in range(n):
+    try:
+        if proto == "tcp":
+            s = socket.socket()
+            s.bind(("0.0.0.0", base + i))
+            s.settimeout(3)
+            s.connect((vip, 80))
+            s.sendall(b"hi\n")
+            out.append(s.recv(100).decode().strip())
+            s.close()
+        else:
+            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            s.bind(("0.0.0.0", base + i))
+            s.settimeout(2)
+            s.sendto(b"hi", (vip, 80))
+            out.append(s.recv(100).decode().strip())
+            s.close()
+    except OSError as exc:
+        out.append("error " + type(exc).__name__)
+print(json.dumps(out))
+"""
+
+_port_base = [20000]
+
+
+def requests(seg, n: int, proto: str = "tcp") -> list[str]:
+    """``n`` fresh connections (or datagrams) from distinct source ports; each answer is 'name peer'."""
+    base = _port_base[0]
+    _port_base[0] += n + 7
+    out = seg.run(seg.client.ns, [sys.executable, "-c", CLIENT_CODE, VIP, str(n), proto, str(base)],
+                  timeout=60 + 4 * n).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def spread(answers: list[str]) -> Counter:
+    return Counter(a.split()[0] for a in answers)
