@@ -213,6 +213,7 @@ class Speaker:
         self._stopping = False
         self._restart_pending: list[str] = []
         self._peer_configs: dict[str, str] = {}
+        self.bgp: Any = None  # mode: bgp
 
     # -- posting from other threads / signal handlers ---------------------------------------
     def post(self, what: str = "change") -> None:
@@ -312,6 +313,11 @@ class Speaker:
             self.handover = HandoverForwarder(logging.getLogger("nocloudlb.l2"), grace=cfg.handover_grace)
             self.handover.start()
 
+        if cfg.parsed.bgp_peers:  # mode: bgp
+            from .bgp.mode import BgpMode  # noqa: PLC0415  # mode: bgp
+            self.bgp = BgpMode(cfg.node_name)  # mode: bgp
+            self.bgp.start()  # mode: bgp
+
         from .control import ControlServer
         from .metrics import serve
 
@@ -368,6 +374,9 @@ class Speaker:
         self._stopping = True
         logs.event(log, "speakerStopping", "leaving the cluster so peers take over at once")
         sdnotify.notify("STOPPING=1")
+        if self.bgp is not None:  # mode: bgp - routes gone from the routers before the process exits
+            self.bgp.withdraw_all()  # mode: bgp
+            self.bgp.close()  # mode: bgp
         if self.membership is not None:
             self.membership.leave(timeout=1.0)
         if self.announcer is not None:
@@ -480,6 +489,9 @@ class Speaker:
                     else:
                         announce[ip] = []
                 rows.append(VipRow(ip, svc.key, pool.name, leader, reason == "", reason, ifaces, bool(mine)))
+        if self.bgp is not None:  # mode: bgp
+            self.bgp.apply(me, nodes, parsed)  # mode: bgp
+            lo |= self.bgp.serving()  # mode: bgp
         final = {ip: v or [] for ip, v in announce.items()}
         assert self.announcer is not None and self._delivery is not None
         if self.handover is not None:
@@ -662,6 +674,7 @@ class Speaker:
                            "keyIds": ml.key_ids() if ml else [],
                            "encrypted": bool(ml and ml.settings.keys)},
             "health": self.health.status() if self.health else {},
+            "modes": {"bgp": self.bgp.status()} if self.bgp is not None else {},  # mode: bgp
             "time": now_iso(),
         }
 

@@ -21,7 +21,7 @@ from typing import Any
 RELOAD = "/usr/lib/frr/frr-reload.py"
 
 
-class FrrError(Exception):
+class FrrError(RuntimeError):
     """An FRR command failed or did not answer in time."""
 
 

@@ -151,6 +151,11 @@ class BgpMode:
             self._cond.notify_all()
         self._withdraw(None)
 
+    def serving(self) -> set[str]:
+        """VIPs this node may serve through BGP (to hold on lo), from the last apply."""
+        with self._cond:
+            return set(self._decision.serve)
+
     def status(self) -> dict[str, Any]:
         with self._cond:
             routes = {name: [r.prefix for r in rs] for name, rs in self._decision.routes.items()}
