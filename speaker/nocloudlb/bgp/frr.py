@@ -65,10 +65,11 @@ class FrrControl:
         fd, tmp = tempfile.mkstemp(prefix=".nocloudlb-", dir=directory)
         try:
             os.fchmod(fd, 0o640)
-            try:
-                os.fchown(fd, 0, self._gid())
-            except (OSError, FrrError, KeyError):
-                pass  # not root (tests) or no frr group: 0640 still keeps others out
+            if os.geteuid() == 0:  # unprivileged (the unit): the frr role's setgid /etc/frr gives group frr
+                try:
+                    os.fchown(fd, 0, self._gid())
+                except (OSError, FrrError, KeyError):
+                    pass  # no frr group: 0640 still keeps others out
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
                 fh.write(text)
             os.replace(tmp, real)
