@@ -314,8 +314,8 @@ class Speaker:
             self.handover.start()
 
         if cfg.parsed.bgp_peers:  # mode: bgp
-            from .bgp.mode import BgpMode  # noqa: PLC0415  # mode: bgp
-            self.bgp = BgpMode(cfg.node_name)  # mode: bgp
+            from .bgp.mode import BgpMode, FrrControl  # noqa: PLC0415  # mode: bgp
+            self.bgp = BgpMode(cfg.node_name, FrrControl(workdir=os.path.dirname(cfg.socket)))  # mode: bgp
             self.bgp.start()  # mode: bgp
 
         from .control import ControlServer

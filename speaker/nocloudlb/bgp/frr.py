@@ -34,6 +34,7 @@ class FrrControl:
     prefix: list[str] = field(default_factory=list)
     root: str = ""  # the host's root as this process sees it ("" = "/")
     group: str = "frr"
+    workdir: str = ""  # frr-reload's --rundir (its temp files); "" = FRR's /var/run/frr (root only)
 
     def path(self, p: str) -> str:
         return self.root + p if self.root else p
@@ -85,16 +86,22 @@ class FrrControl:
         """Where a candidate config is written before it is tested (beside frr.conf, same rights)."""
         return os.path.join(os.path.dirname(self.conf), "frr.conf.nocloudlb-new")
 
+    def _reload_args(self, action: str, path: str) -> list[str]:
+        args = ["python3", self.reload_tool, action, "--stdout"]
+        if self.workdir:
+            args += ["--rundir", self.workdir]
+        return args + [path]
+
     def test(self, path: str, timeout: float = 60.0) -> str:
         """``frr-reload.py --test``: parses the file and prints the changes; raises FrrError when it refuses."""
-        proc = self.run(["python3", self.reload_tool, "--test", "--stdout", path], timeout=timeout)
+        proc = self.run(self._reload_args("--test", path), timeout=timeout)
         if proc.returncode != 0:
             raise FrrError(f"frr-reload --test refused the config (exit {proc.returncode}): "
                            f"{_tail(proc.stdout + proc.stderr)}")
         return proc.stdout
 
     def reload(self, path: str, timeout: float = 60.0) -> str:
-        proc = self.run(["python3", self.reload_tool, "--reload", "--stdout", path], timeout=timeout)
+        proc = self.run(self._reload_args("--reload", path), timeout=timeout)
         if proc.returncode != 0:
             raise FrrError(f"frr-reload --reload failed (exit {proc.returncode}): {_tail(proc.stdout + proc.stderr)}")
         return proc.stdout

@@ -4,7 +4,38 @@
 
 from __future__ import annotations
 
-from ansible.errors import AnsibleFilterError
+DOCUMENTATION = r"""
+name: router_cidrs
+short_description: The fewest CIDRs covering address pools, for a router's prefix list
+version_added: 0.1.0
+author: nocloud.loadbalancer developers
+description:
+  - Turns pool entries (CIDRs or C(first-last) ranges, IPv4 and IPv6) into the fewest CIDRs that
+    cover them (netaddr C(cidr_merge)), each with its IP version and the host length
+    (C(le), 32 or 128) a pool-only prefix list admits.
+options:
+  _input:
+    description: Pool entries.
+    type: list
+    elements: str
+    required: true
+requirements: [netaddr]
+"""
+
+EXAMPLES = r"""
+- name: Prefix list lines
+  ansible.builtin.debug:
+    msg: "{{ ['203.0.113.0/26', '203.0.113.64-203.0.113.70'] | nocloud.loadbalancer.router_cidrs }}"
+"""
+
+RETURN = r"""
+_value:
+  description: One mapping per CIDR, with keys C(cidr), C(version) and C(le).
+  type: list
+  elements: dict
+"""
+
+from ansible.errors import AnsibleFilterError  # noqa: E402 - after the documentation, as Ansible's plugins
 
 try:
     import netaddr
