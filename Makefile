@@ -51,6 +51,7 @@ labtests: deps venv
 molecule: deps venv
 	molecule test -s lab
 	molecule test -s default
+	molecule test -s bgp
 
 test: deps venv lint unit sanity netns labtests molecule
 
