@@ -131,7 +131,7 @@ t = timed(lambda: hops(LOCAL) == ALL - {NODES["n1"]}, 30)
 check(t is not None, f"{LOCAL}: n1's check fails but next hops are {hops(LOCAL)}")
 figures["local_check_fail_s"] = round(t or 0, 3)
 lab.exec("n1", ["systemctl", "start", "lab-http@8082.service"])
-check(bool(wait_for(lambda: hops(LOCAL) == ALL, 30, 0.2)), f"{LOCAL}: n1 healthy again, hops {hops(LOCAL)}")
+check(bool(wait_for(lambda: hops(LOCAL) == ALL, 90, 0.2)), f"{LOCAL}: n1 healthy again, hops {hops(LOCAL)}")
 print(f"BGP Local policy: n1's check failed -> its next hop gone after {t:.2f} s (check 0.5 s x fall 2); "
       "back when healthy", flush=True)
 
@@ -147,7 +147,7 @@ s = sessions()[NODES["n1"]]
 check(s["state"] == "Established" and s["connectionsEstablished"] == before, f"drain reset the session: {s}")
 time.sleep(1.0)
 lab.exec("n1", [CLI, "label", "unset", DRAIN])
-check(bool(wait_for(lambda: hops(WEB) == ALL, 10)), f"undrain: next hops {hops(WEB)}")
+check(bool(wait_for(lambda: hops(WEB) == ALL, 90, 0.2)), f"undrain: next hops {hops(WEB)}")  # additions: a reload
 time.sleep(1.0)
 lab.exec("c2", ["touch", "/tmp/stop"])
 out, _err = poller.communicate(timeout=30)
