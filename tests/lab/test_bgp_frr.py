@@ -3,7 +3,7 @@
 The mode runs here, in the test process, and drives the FRR of lab hosts n1 and n2 through
 ``nsenter`` (FrrControl's ``prefix``/``root``): the same frr-reload, vtysh and vty socket
 calls a node's speaker makes. Every claim is read from the router r1 (``vtysh ... json``,
-``ip route``). Lab name "bgp" (its own topology, so it never meets the other labs).
+``ip route``). Lab name "bgpt" (its own topology, so it never meets the other labs).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from nocloudlb.core.schema import parse_resources
 pytestmark = pytest.mark.timeout(300)
 
 TOPOLOGY = {
-    "name": "bgp",
+    "name": "bgpt",
     "segments": {"lan": {}},
     "hosts": {
         "n1": {"groups": ["nodes"], "services": ["frr"],
@@ -96,7 +96,7 @@ def session(lab: labctl.Lab, addr: str) -> dict:
 
 @pytest.fixture(scope="module")
 def blab() -> Iterator[labctl.Lab]:
-    lab = labctl.Lab("bgp")
+    lab = labctl.Lab("bgpt")
     lab.down()
     try:
         res = lab.up(TOPOLOGY)
