@@ -71,6 +71,7 @@ bench: deps venv
 	$(PY) benchmarks/core_bench.py
 	$(PY) benchmarks/arp_latency.py -n 500
 	$(PY) benchmarks/handover.py --cycles 5
+	$(PY) benchmarks/bgp.py --runs 3
 
 # About 8 minutes: 20 kill -9 per profile, keepalived beside the speaker.
 bench-failover: deps venv
