@@ -54,6 +54,7 @@ molecule: deps venv
 	molecule test -s default
 	molecule test -s keepalived
 	molecule test -s dataplane
+	molecule test -s bgp
 
 test: deps venv lint unit sanity netns labtests molecule chaos-short
 
@@ -74,6 +75,7 @@ bench: deps venv
 	$(PY) benchmarks/arp_latency.py -n 500
 	$(PY) benchmarks/handover.py --cycles 5
 	$(PY) benchmarks/dataplane.py --seconds 5
+	$(PY) benchmarks/bgp.py --runs 3
 
 # About 8 minutes: 20 kill -9 per profile, keepalived beside the speaker.
 bench-failover: deps venv

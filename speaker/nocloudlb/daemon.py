@@ -276,7 +276,7 @@ class Speaker:
 
             handover = HandoverForwarder(logging.getLogger("nocloudlb.l2"), grace=cfg.handover_grace)
         self.l2 = L2Mode(None, self._delivery, cfg.state_dir, gate=self._gate, member_macs=self.member_macs,
-                         handover=handover, post=self.post)
+                         handover=handover, post=self.post, other_lo=self._other_lo)
         self.l2.announcer = factory(cfg.node_name, logging.getLogger("nocloudlb.l2"),
                                     is_peer_mac=self.l2.is_peer_mac)
         modes.append(self.l2)
@@ -292,9 +292,24 @@ class Speaker:
 
             return DataplaneMode()
 
+        def bgp(cfg: SpeakerConfig) -> Mode:  # mode: bgp
+            from .bgp.mode import BgpMode, FrrControl  # noqa: PLC0415
+
+            return BgpMode(cfg.node_name, FrrControl(workdir=os.path.dirname(cfg.socket)))
+
         return [
             ("dataplane", lambda parsed: bool(getattr(parsed, "backends", None)), dataplane),
+            ("bgp", lambda parsed: bool(getattr(parsed, "bgp_peers", None)), bgp),
         ]
+
+    def _other_lo(self) -> set[str]:
+        """VIPs the modes other than layer 2 serve (BGP): the layer-2 mode holds them on lo too."""
+        held: set[str] = set()
+        for m in self.modes:
+            lo_vips = getattr(m.mode, "lo_vips", None)
+            if m.name != "l2" and lo_vips is not None:
+                held |= set(lo_vips())
+        return held
 
     def _ensure_modes(self, cfg: SpeakerConfig) -> None:
         running = {m.name for m in self.modes}
@@ -310,7 +325,8 @@ class Speaker:
                 self._mode_failed_at[name] = time.monotonic()
                 logs.event(log, "modeFailed", f"cannot start the {name} mode: {exc}", logging.ERROR, mode=name)
                 continue
-            self.modes.append(ModeRunner(mode))
+            # before layer 2, which applies last: it holds on lo what the others serve (lo_vips)
+            self.modes.insert(0, ModeRunner(mode))
             logs.event(log, "modeStarted", mode=name)
 
     def _start(self, cfg: SpeakerConfig) -> None:

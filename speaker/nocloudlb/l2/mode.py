@@ -143,7 +143,8 @@ class L2Mode:
     def __init__(self, announcer: Any, delivery: Any, state_dir: str, *,
                  gate: Callable[[], str] = lambda: "",
                  member_macs: Callable[[], dict[str, tuple[bytes, ...]]] = dict,
-                 handover: Any = None, post: Callable[[], None] = lambda: None) -> None:
+                 handover: Any = None, post: Callable[[], None] = lambda: None,
+                 other_lo: Callable[[], set[str]] = set) -> None:
         self.announcer = announcer
         self.delivery = delivery
         self.state_dir = state_dir
@@ -151,6 +152,7 @@ class L2Mode:
         self.member_macs = member_macs
         self.handover = handover
         self.post = post
+        self.other_lo = other_lo  # VIPs other modes serve (BGP): held on lo here as well, never announced
         self.me = ""
         self._lock = threading.Lock()
         self._rows: list[VipRow] = []
@@ -234,6 +236,7 @@ class L2Mode:
             self._ready.discard(ip)
 
         # 2. every VIP this node may serve on lo, before any of them is announced
+        lo |= self.other_lo()
         if lo != self._lo_wanted or not lo <= self._lo:
             try:
                 self.delivery.sync_lo_vips(lo, state_file=os.path.join(self.state_dir, "lo-vips.json"))

@@ -1,0 +1,191 @@
+#!/usr/bin/env python3
+"""verify of the molecule scenario ``bgp``: every claim is read from the router r1 (vtysh json,
+ip route) or from the client c2's traffic. Prints one ``BGP ...`` line per check with its
+figures, ``BGP-FIGURES {json}`` at the end, and exits 1 at the first failed check.
+
+    verify_bgp.py LAB_NAME REPO_ROOT
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+LAB, REPO = sys.argv[1], sys.argv[2]
+sys.path.insert(0, f"{REPO}/roles/lab/files")
+import labctl  # noqa: E402
+
+lab = labctl.Lab(LAB)
+NODES = {"n1": "198.51.100.11", "n2": "198.51.100.12", "n3": "198.51.100.13"}
+ALL = set(NODES.values())
+WEB, LOCAL, AGG = "203.0.113.10", "203.0.113.11", "203.0.113.66"
+DRAIN = "node.kubernetes.io/exclude-from-external-load-balancers"
+CLI = "/opt/nocloudlb/venv/bin/nocloudlb"
+figures: dict[str, object] = {}
+
+CLIENT = r"""
+import http.client, json, sys, time, os
+ip, n, every, stop = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+seen, failed, total = {}, [], 0
+while (n and total < n) or (not n and not os.path.exists(stop)):
+    total += 1
+    t = time.time()
+    try:
+        c = http.client.HTTPConnection(ip, 8080, timeout=1)
+        c.request("GET", "/")
+        body = c.getresponse().read().decode().strip()
+        c.close()
+        seen[body] = seen.get(body, 0) + 1
+    except Exception as exc:
+        failed.append({"t": t, "error": repr(exc)})
+    if every:
+        time.sleep(every)
+print(json.dumps({"total": total, "seen": seen, "failed": failed}))
+"""
+
+
+def fail(msg: str) -> None:
+    print(f"BGP FAILED: {msg}", flush=True)
+    for host in ("r1",):
+        print(lab.exec(host, ["vtysh", "-c", "show bgp summary"], check=False).stdout)
+    for host in NODES:
+        print(host, lab.exec(host, ["sh", "-c", f"{CLI} status --json | head -c 3000; "
+                                    "journalctl -u nocloudlb-speaker -n 30 --no-pager"], check=False).stdout)
+    sys.exit(1)
+
+
+def check(cond: bool, msg: str) -> None:
+    if not cond:
+        fail(msg)
+
+
+def vt(host: str, command: str) -> dict:
+    out = lab.exec(host, ["vtysh", "-c", command], timeout=30).stdout
+    return json.loads(out or "{}")
+
+
+def hops(prefix: str) -> set[str]:
+    out = lab.exec("r1", ["ip", "-j", "route", "show", prefix], timeout=10).stdout
+    found: set[str] = set()
+    for route in json.loads(out or "[]"):
+        if route.get("gateway"):
+            found.add(route["gateway"])
+        for nh in route.get("nexthops", []):
+            found.add(nh["gateway"])
+    return found
+
+
+def sessions() -> dict[str, dict]:
+    return vt("r1", "show bgp ipv4 unicast summary json").get("peers", {})
+
+
+def wait_for(pred, timeout: float, step: float = 0.02):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(step)
+
+
+def timed(pred, timeout: float) -> float | None:
+    t0 = time.monotonic()
+    return time.monotonic() - t0 if wait_for(pred, timeout) else None
+
+
+def client(ip: str, n: int, every: float = 0.0) -> dict:
+    return json.loads(lab.exec("c2", ["python3", "-c", CLIENT, ip, str(n), str(every), "/tmp/stop"],
+                               timeout=120).stdout)
+
+
+# 1. sessions and ECMP --------------------------------------------------------------------
+check(bool(wait_for(lambda: all(sessions().get(a, {}).get("state") == "Established" for a in ALL), 90, 0.5)),
+      f"sessions not Established from every node: {sessions()}")
+print("BGP sessions Established from", sorted(ALL), flush=True)
+check(bool(wait_for(lambda: hops(WEB) == ALL, 60, 0.2)), f"{WEB}: next hops {hops(WEB)}, want {ALL}")
+route = vt("r1", f"show bgp ipv4 unicast {WEB}/32 json")
+paths = route.get("paths", [])
+check(len(paths) == 3 and sum(1 for p in paths if p.get("multipath") or p.get("bestpath")) == 3,
+      f"{WEB}: paths {paths}")
+comms = {p.get("community", {}).get("string") for p in paths}
+check(comms == {"64512:100"}, f"{WEB}: communities {comms}")
+print(f"BGP {WEB}/32 has 3 equal next hops {sorted(hops(WEB))}, community 64512:100 from every node", flush=True)
+spread = client(WEB, 60)
+check(not spread["failed"] and len(spread["seen"]) > 1, f"client flows: {spread}")
+figures["spread"] = spread["seen"]
+print(f"BGP client c2: 60 connections spread over {spread['seen']} (fib_multipath_hash_policy 1)", flush=True)
+
+# 2. aggregation refused by the router's /32-only filter ---------------------------------
+adv = vt("n1", "show bgp ipv4 unicast neighbors 198.51.100.1 advertised-routes json")
+check("203.0.113.64/30" in adv.get("advertisedRoutes", {}), f"n1 does not advertise 203.0.113.64/30: {adv}")
+check(not hops("203.0.113.64/30") and not vt("r1", "show bgp ipv4 unicast 203.0.113.64/30 json").get("paths"),
+      "r1 accepted the aggregated 203.0.113.64/30")
+check(not hops(f"{AGG}/32"), f"r1 routes {AGG}")
+print("BGP aggregationLength 30: n1 sends 203.0.113.64/30, r1's filter refuses it (no route)", flush=True)
+
+# 3. Local policy -------------------------------------------------------------------------
+check(bool(wait_for(lambda: hops(LOCAL) == ALL, 30, 0.2)), f"{LOCAL}: next hops {hops(LOCAL)}")
+lab.exec("n1", ["systemctl", "stop", "lab-http@8082.service"])
+t = timed(lambda: hops(LOCAL) == ALL - {NODES["n1"]}, 30)
+check(t is not None, f"{LOCAL}: n1's check fails but next hops are {hops(LOCAL)}")
+figures["local_check_fail_s"] = round(t or 0, 3)
+lab.exec("n1", ["systemctl", "start", "lab-http@8082.service"])
+check(bool(wait_for(lambda: hops(LOCAL) == ALL, 90, 0.2)), f"{LOCAL}: n1 healthy again, hops {hops(LOCAL)}")
+print(f"BGP Local policy: n1's check failed -> its next hop gone after {t:.2f} s (check 0.5 s x fall 2); "
+      "back when healthy", flush=True)
+
+# 4. drain: next hop goes, session stays, no request lost ------------------------------------
+before = sessions()[NODES["n1"]]["connectionsEstablished"]
+lab.exec("c2", ["rm", "-f", "/tmp/stop"])
+poller = lab.popen_exec("c2", ["python3", "-c", CLIENT, WEB, "0", "0.05", "/tmp/stop"])
+time.sleep(1.0)
+lab.exec("n1", [CLI, "label", "set", f"{DRAIN}=true"])
+t = timed(lambda: hops(WEB) == ALL - {NODES["n1"]}, 10)
+check(t is not None, f"drain: next hops {hops(WEB)}")
+s = sessions()[NODES["n1"]]
+check(s["state"] == "Established" and s["connectionsEstablished"] == before, f"drain reset the session: {s}")
+time.sleep(1.0)
+lab.exec("n1", [CLI, "label", "unset", DRAIN])
+check(bool(wait_for(lambda: hops(WEB) == ALL, 90, 0.2)), f"undrain: next hops {hops(WEB)}")  # additions: a reload
+time.sleep(1.0)
+lab.exec("c2", ["touch", "/tmp/stop"])
+out, _err = poller.communicate(timeout=30)
+polled = json.loads(out)
+figures["drain_s"] = round(t or 0, 3)
+figures["drain_requests"] = polled["total"]
+figures["drain_failed"] = len(polled["failed"])
+check(not polled["failed"], f"drain lost requests: {polled}")
+print(f"BGP drain n1: next hop gone after {t:.3f} s, session kept; {polled['total']} requests every 50 ms, "
+      f"{len(polled['failed'])} failed; undrain brings it back", flush=True)
+
+# 5. freeze a node (BFD 100 ms x 3) ------------------------------------------------------------
+fault = lab.fault_freeze("n3")
+t = timed(lambda: NODES["n3"] not in hops(WEB), 15)
+lab.undo(fault["id"])
+check(t is not None, f"freeze n3: next hops {hops(WEB)}")
+check(t < 3.0, f"freeze n3: next hop gone only after {t:.2f} s (BFD 100 ms x 3)")
+figures["freeze_node_s"] = round(t or 0, 3)
+print(f"BGP freeze n3: next hop gone after {t:.3f} s (BFD 100 ms x 3; wide margin 3 s)", flush=True)
+check(bool(wait_for(lambda: hops(WEB) == ALL, 90, 0.5)), f"n3 thawed: next hops {hops(WEB)}")
+
+# 6. freeze bgpd alone: the speaker's watch blocks BFD ------------------------------------------
+bgpd = lab.exec("n2", ["cat", "/run/frr/bgpd.pid"]).stdout.strip()
+lab.exec("n2", ["kill", "-STOP", bgpd])
+t = timed(lambda: NODES["n2"] not in hops(WEB), 15)
+lab.exec("n2", ["kill", "-CONT", bgpd])
+check(t is not None, f"bgpd frozen on n2: next hops {hops(WEB)}")
+check(t < 4.0, f"bgpd frozen on n2: next hop gone only after {t:.2f} s (hold time 9 s)")
+figures["freeze_bgpd_s"] = round(t or 0, 3)
+print(f"BGP bgpd frozen on n2: next hop gone after {t:.3f} s (hold time 9 s; wide margin 4 s)", flush=True)
+check(bool(wait_for(lambda: hops(WEB) == ALL, 90, 0.5)), f"bgpd thawed: next hops {hops(WEB)}")
+
+# 7. a speaker that stops cleanly withdraws before it exits ---------------------------------------
+lab.exec("n1", ["systemctl", "stop", "nocloudlb-speaker.service"], timeout=60)
+after_stop = hops(WEB)
+lab.exec("n1", ["systemctl", "start", "nocloudlb-speaker.service"], timeout=60)
+check(NODES["n1"] not in after_stop, f"stopped speaker: r1 still routes through n1 ({after_stop})")
+print("BGP clean stop of n1's speaker: its next hop was gone when systemctl stop returned", flush=True)
+check(bool(wait_for(lambda: hops(WEB) == ALL, 90, 0.5)), f"n1 restarted: next hops {hops(WEB)}")
+
+print("BGP-FIGURES " + json.dumps(figures), flush=True)

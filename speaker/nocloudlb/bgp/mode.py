@@ -1,0 +1,444 @@
+"""BgpMode: the speaker's BGP mode (the Mode interface of notes/MODES.md).
+
+``apply`` runs on the decision thread and does only pure work: ``bgp_decision`` (core) and
+``render`` (Jinja2), then hands the text to the worker thread and returns. The worker:
+
+- withdrawals first and at once: prefixes that left the desired config are removed with one
+  ``vtysh`` call (``no network ...``) before anything else, never debounced;
+- then the whole config: written beside frr.conf, ``frr-reload.py --test``, ``--reload``, and
+  only then frr.conf itself is replaced (0640 root:frr). Additions wait ``debounce`` seconds so
+  a burst of changes costs one reload. frr-reload changes only the lines that differ, so a
+  session whose neighbour lines did not change is not reset;
+- a refused or failed reload is logged (``frrReloadFailed``, passwords redacted), the last good
+  config is put back (reload of the file that was last applied) and the new one retried every
+  ``retry`` seconds.
+
+The watch thread asks bgpd on its vty socket every ``watch_interval`` seconds with a
+``watch_timeout`` deadline: per-peer session state, uptime and prefixes sent (status, metrics,
+``sessionUp``/``sessionDown`` events). When bgpd does not answer (hung or dead), bfdd would still
+answer BFD and the routers would keep this node until the hold time; so the watch drops this
+node's outgoing BFD packets (an nftables table of its own), the routers' BFD sessions go down
+and they drop the node at BFD speed. When bgpd answers again the table is removed.
+
+``withdraw_all`` (drain of the whole node, shutdown, unknown view) removes every network in the
+calling thread, so that the routes are gone from the routers before the process exits.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from prometheus_client import REGISTRY, CollectorRegistry, Gauge
+
+from nocloudlb.core.bgp import BgpDecision, bgp_decision
+from nocloudlb.core.election import NodeView
+from nocloudlb.core.schema import BGPPeer, Config
+
+from .. import logs
+from .frr import FrrControl, FrrError
+from .render import Rendered, redact, render
+
+log = logging.getLogger("nocloudlb.bgp")
+
+WATCH_TABLE = "nocloudlb_bgp_watch"
+# BFD control (single hop 3784, multihop 4784) and echo (3785)
+WATCH_RULES = f"""table inet {WATCH_TABLE} {{
+  chain out {{
+    type filter hook output priority 0; policy accept;
+    udp dport {{ 3784, 3785, 4784 }} drop
+  }}
+}}
+"""
+
+_metrics: dict[int, dict[str, Gauge]] = {}
+
+
+def bgp_metrics(registry: CollectorRegistry | None = REGISTRY) -> dict[str, Gauge]:
+    """MetalLB's BGP metrics under our prefix, registered once per registry."""
+    key = id(registry)
+    if key not in _metrics:
+        _metrics[key] = {
+            "session_up": Gauge("nocloudlb_bgp_session_up", "BGP session state (1 is up, 0 is down)", ["peer"],
+                                registry=registry),
+            "announced": Gauge("nocloudlb_bgp_announced_prefixes_total", "Number of prefixes currently being "
+                               "advertised on the BGP session", ["peer"], registry=registry),
+            "updates": Gauge("nocloudlb_bgp_updates_total", "Number of BGP UPDATE messages sent", ["peer"],
+                             registry=registry),
+            "frr_healthy": Gauge("nocloudlb_bgp_frr_healthy", "bgpd answers within the watch deadline (1) or "
+                                 "not (0, the node's BFD is blocked)", registry=registry),
+            "reload_failures": Gauge("nocloudlb_bgp_reload_failures", "Consecutive failed FRR reloads",
+                                     registry=registry),
+        }
+    return _metrics[key]
+
+
+def _router_lines(key: tuple[str, int], family: str, prefixes: list[str]) -> list[str]:
+    vrf, asn = key
+    return ([f"router bgp {asn}" + (f" vrf {vrf}" if vrf else ""), f"address-family {family} unicast"]
+            + [f"no network {p}" for p in prefixes] + ["exit-address-family", "exit"])
+
+
+class BgpMode:
+    name = "bgp"
+
+    def __init__(self, node: str, frr: FrrControl | None = None, *, debounce: float = 0.3, retry: float = 5.0,
+                 watch_interval: float = 0.25, watch_timeout: float = 0.5, watch_failures: int = 1,
+                 registry: CollectorRegistry | None = REGISTRY) -> None:
+        self.node = node
+        self.frr = frr or FrrControl()
+        self.debounce = debounce
+        self.retry = retry
+        self.watch_interval = watch_interval
+        self.watch_timeout = watch_timeout
+        self.watch_failures = watch_failures
+        self.metrics = bgp_metrics(registry)
+        self._cond = threading.Condition()
+        self._frr_lock = threading.Lock()  # one FRR change at a time (withdrawals, reloads)
+        self._stop = False
+        self._threads: list[threading.Thread] = []
+        self._forwarding: tuple[bool, bool] | None = None
+        self._decision = BgpDecision()
+        self._config: Config | None = None
+        self._desired: Rendered | None = None
+        self._desired_at = 0.0
+        self._applied: Rendered | None = None  # what FRR runs (last good)
+        self._announced: dict[tuple[str, int], dict[str, list[str]]] = {}  # networks FRR has now
+        self._good_path = ""
+        self._withdrawn = False  # withdraw_all in force until the next apply
+        self._reload_error = ""
+        self._failures = 0
+        self._next_retry = 0.0
+        self._reloads = 0
+        self._last_reload_at = 0.0
+        self._last_reload_seconds = 0.0
+        self._sessions: dict[str, dict[str, Any]] = {}
+        self._healthy: bool | None = None
+        self._watch_error = ""
+        self._blocked = False
+        self._fails = 0
+
+    # -- Mode interface -------------------------------------------------------------------
+    def start(self) -> None:
+        self._forwarding = self.frr.forwarding()
+        self._unblock(force=True)  # a table a crashed speaker left behind
+        for target, name in ((self._work, "bgp-reload"), (self._watch, "bgp-watch")):
+            t = threading.Thread(target=target, name=name, daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def apply(self, me: str, nodes: list[NodeView], parsed: Config) -> None:
+        decision = bgp_decision(me, nodes, parsed)
+        rendered = render(me, decision, parsed, self._forwarding or (True, True))
+        with self._cond:
+            self._decision, self._config = decision, parsed
+            self._withdrawn = False
+            if self._desired is None or rendered.text != self._desired.text:
+                self._desired = rendered
+                self._desired_at = time.monotonic()
+                self._cond.notify_all()
+
+    def withdraw_all(self) -> None:
+        """Stop announcing everything now (this thread, one vtysh call); the sessions stay up."""
+        with self._cond:
+            self._withdrawn = True
+            decision = BgpDecision(peers=self._decision.peers, routes={p.name: [] for p in self._decision.peers})
+            if self._config is not None:
+                self._desired = render(self.node, decision, self._config, self._forwarding or (True, True))
+                self._desired_at = time.monotonic()
+            self._cond.notify_all()
+        self._withdraw(None)
+
+    def lo_vips(self) -> set[str]:
+        """The Mode hook for lo: the layer-2 mode holds these on lo (see daemon._other_lo)."""
+        return self.serving()
+
+    def serving(self) -> set[str]:
+        """VIPs this node may serve through BGP (to hold on lo), from the last apply."""
+        with self._cond:
+            return set(self._decision.serve)
+
+    def status(self) -> dict[str, Any]:
+        with self._cond:
+            routes = {name: [r.prefix for r in rs] for name, rs in self._decision.routes.items()}
+            peers = []
+            for p in self._decision.peers:
+                s = self._sessions.get(p.name, {})
+                peers.append({"name": p.name, "address": p.address or p.interface, "vrf": p.vrf, "myASN": p.my_asn,
+                              "peerASN": p.peer_asn or p.dynamic_asn, "state": s.get("state", "unknown"),
+                              "uptimeMsec": s.get("uptimeMsec", 0), "prefixesSent": s.get("prefixesSent", 0),
+                              "bfd": p.bfd_profile, "routes": routes.get(p.name, [])})
+            pending = self._desired is not None and (self._applied is None or self._desired.text != self._applied.text)
+            return {
+                "peers": peers,
+                "vips": {ip: {"announcing": a, "reason": r, "services": s}
+                         for ip, (a, r, s) in sorted(self._decision.vips.items())},
+                "withdrawn": self._withdrawn,
+                "frr": {"healthy": self._healthy, "error": self._watch_error, "bfdBlocked": self._blocked},
+                "config": {"applied": self._applied is not None, "pending": pending, "error": self._reload_error,
+                           "failures": self._failures, "reloads": self._reloads,
+                           "lastReloadSeconds": round(self._last_reload_seconds, 3)},
+            }
+
+    def close(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        for t in self._threads:
+            t.join(timeout=10)
+        self._threads = []
+        self._unblock()
+
+    # -- worker: withdrawals now, the rest through frr-reload --------------------------------
+    def rendered(self) -> Rendered | None:
+        """The config FRR runs (last good), for tests and status."""
+        with self._cond:
+            return self._applied
+
+    def wait_applied(self, timeout: float = 30.0) -> bool:
+        """Wait until the desired config is the applied one (tests, benchmarks)."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._desired is not None and (self._applied is None or self._applied.text != self._desired.text):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(min(left, 0.05))
+        return True
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stop and not self._due():
+                    self._cond.wait(self._wait_time())
+                if self._stop:
+                    return
+                desired = self._desired
+            assert desired is not None
+            self._withdraw(desired.networks)
+            with self._cond:
+                wait = self._desired_at + self.debounce - time.monotonic()
+                if wait > 0 and self._failures == 0 and not self._stop:
+                    self._cond.wait(wait)  # debounce: later changes join this reload
+                    continue
+                desired = self._desired
+            assert desired is not None
+            try:
+                self._reload(desired)
+            except Exception as exc:  # noqa: BLE001 - one failure never stops the worker
+                logs.event(log, "frrReloadFailed", "unexpected error", logging.ERROR,
+                           error=redact(str(exc), desired.secrets))
+
+    def _due(self) -> bool:
+        if self._desired is None:
+            return False
+        if self._applied is not None and self._desired.text == self._applied.text:
+            return False
+        if _minus(self._announced, self._desired.networks) and any(
+                p for fams in _minus(self._announced, self._desired.networks).values() for p in fams.values()):
+            return True  # withdrawals never wait
+        return self._failures == 0 or time.monotonic() >= self._next_retry
+
+    def _wait_time(self) -> float:
+        if self._failures and self._desired is not None:
+            return max(0.05, self._next_retry - time.monotonic())
+        return 1.0
+
+    def _withdraw(self, target: dict[tuple[str, int], dict[str, list[str]]] | None) -> None:
+        """Remove now (one vtysh call) every network FRR has that ``target`` lacks (None: all)."""
+        with self._frr_lock:
+            with self._cond:
+                gone = _minus(self._announced, target or {})
+            lines: list[str] = []
+            for key, fams in gone.items():
+                for family, prefixes in fams.items():
+                    if prefixes:
+                        lines += _router_lines(key, family, prefixes)
+            if not lines:
+                return
+            t0 = time.monotonic()
+            try:
+                self.frr.configure(lines, timeout=5.0)
+            except FrrError as exc:
+                logs.event(log, "bgpWithdrawFailed", f"vtysh could not remove the networks: {exc}", logging.ERROR)
+                return
+            with self._cond:
+                self._announced = _minus(self._announced, gone)
+                self._cond.notify_all()
+        logs.event(log, "bgpWithdrawn", node=self.node, seconds=round(time.monotonic() - t0, 3),
+                   prefixes=sorted({p for fams in gone.values() for ps in fams.values() for p in ps}))
+
+    def _reload(self, desired: Rendered) -> None:
+        t0 = time.monotonic()
+        staged = self.frr.staged()
+        tested = False
+        try:
+            with self._frr_lock:
+                self.frr.write(desired.text, staged)
+                self.frr.test(staged)
+                tested = True
+                self.frr.reload(staged)
+        except (FrrError, OSError) as exc:
+            with self._cond:
+                self._failures += 1
+                self._reload_error = redact(str(exc), desired.secrets)
+                self._next_retry = time.monotonic() + self.retry
+                good = self._applied
+            self.metrics["reload_failures"].set(self._failures)
+            logs.event(log, "frrReloadFailed", "the new FRR config is refused; the last good one stays in force",
+                       logging.ERROR, error=self._reload_error, failures=self._failures, retryIn=self.retry)
+            if good is not None and tested:
+                self._restore(good)  # then the loop withdraws at once what the desired config dropped
+            return
+        try:
+            self.frr.write(desired.text)  # frr.conf: what FRR reads when it (re)starts
+        except OSError as exc:
+            logs.event(log, "frrConfWriteFailed", str(exc), logging.ERROR)
+        seconds = time.monotonic() - t0
+        with self._cond:
+            recovered = self._failures > 0
+            self._applied = desired
+            self._announced = desired.networks
+            self._failures = 0
+            self._reload_error = ""
+            self._reloads += 1
+            self._last_reload_at = time.time()
+            self._last_reload_seconds = seconds
+            self._cond.notify_all()
+        self.metrics["reload_failures"].set(0)
+        logs.event(log, "frrReloaded", node=self.node, seconds=round(seconds, 3), recovered=recovered,
+                   prefixes=sorted({p for fams in desired.networks.values() for ps in fams.values() for p in ps}))
+
+    def _restore(self, good: Rendered) -> None:
+        """After a failed --reload FRR may hold part of the new config: put the last good one back."""
+        try:
+            with self._frr_lock:
+                self.frr.reload(self.frr.conf)
+                with self._cond:
+                    self._announced = good.networks
+        except FrrError as exc:
+            logs.event(log, "frrRestoreFailed", "", logging.ERROR, error=redact(str(exc), good.secrets))
+
+    # -- watch: sessions, and bgpd's health -------------------------------------------------
+    def _watch(self) -> None:
+        ticks = 0
+        while True:
+            with self._cond:
+                if self._stop:
+                    return
+                self._cond.wait(self.watch_interval)
+                if self._stop:
+                    return
+            try:
+                self._watch_once(ticks)
+            except Exception as exc:  # noqa: BLE001 - one failure never stops the watch
+                logs.event(log, "bgpWatchFailed", str(exc), logging.ERROR)
+            ticks += 1
+
+    def _watch_once(self, ticks: int) -> None:
+        try:
+            summary = self.frr.query_json("show bgp vrf all summary json", timeout=self.watch_timeout)
+        except FrrError as exc:
+            self._fails += 1
+            self._watch_error = str(exc)
+            if self._fails >= self.watch_failures and self._healthy is not False:
+                self._healthy = False
+                self.metrics["frr_healthy"].set(0)
+                self._block()
+                logs.event(log, "frrUnhealthy", "bgpd does not answer: blocking this node's BFD so routers drop "
+                           "it now", logging.ERROR, error=str(exc))
+            return
+        self._fails = 0
+        self._watch_error = ""
+        if self._healthy is not True:
+            if self._healthy is False:
+                logs.event(log, "frrHealthy", "bgpd answers again: BFD restored")
+            self._healthy = True
+            self.metrics["frr_healthy"].set(1)
+            self._unblock()
+        updates: dict[str, int] = {}
+        if ticks % 8 == 0:
+            try:
+                updates = _updates_sent(self.frr.query_json("show bgp vrf all neighbors json",
+                                                            timeout=max(1.0, self.watch_timeout)))
+            except FrrError:
+                updates = {}
+        self._sessions_from(summary, updates)
+
+    def _sessions_from(self, summary: Any, updates: dict[str, int]) -> None:
+        found: dict[tuple[str, str], dict[str, Any]] = {}
+        if isinstance(summary, dict):
+            for vrf_name, afs in summary.items():
+                if not isinstance(afs, dict):
+                    continue
+                for af in afs.values():
+                    if not isinstance(af, dict):
+                        continue
+                    for addr, p in (af.get("peers") or {}).items():
+                        vrf = "" if vrf_name == "default" else vrf_name
+                        cur = found.setdefault((vrf, addr), {"state": p.get("state", "unknown"),
+                                                             "uptimeMsec": p.get("peerUptimeMsec", 0),
+                                                             "prefixesSent": 0})
+                        cur["prefixesSent"] += int(p.get("pfxSnt", 0) or 0)
+        with self._cond:
+            peers: list[BGPPeer] = list(self._decision.peers)
+        sessions: dict[str, dict[str, Any]] = {}
+        for p in peers:
+            s = found.get((p.vrf, p.address or p.interface), {"state": "unknown", "uptimeMsec": 0,
+                                                              "prefixesSent": 0})
+            prev = self._sessions.get(p.name, {})
+            s["updatesSent"] = updates.get(p.address or p.interface, prev.get("updatesSent", 0))
+            sessions[p.name] = s
+            up = s["state"] == "Established"
+            was = prev.get("state") == "Established"
+            if up != was and (prev or up):
+                logs.event(log, "sessionUp" if up else "sessionDown", peer=p.name, address=p.address or p.interface,
+                           state=s["state"], node=self.node, level=logging.INFO if up else logging.WARNING)
+            self.metrics["session_up"].labels(p.name).set(1 if up else 0)
+            self.metrics["announced"].labels(p.name).set(s["prefixesSent"])
+            self.metrics["updates"].labels(p.name).set(s["updatesSent"])
+        with self._cond:
+            self._sessions = sessions
+
+    def _block(self) -> None:
+        try:
+            proc = self.frr.run(["nft", "-f", "-"], timeout=5.0, input_text=WATCH_RULES)
+            if proc.returncode != 0:
+                raise FrrError(proc.stderr.strip())
+            self._blocked = True
+        except FrrError as exc:
+            logs.event(log, "bfdBlockFailed", str(exc), logging.ERROR)
+
+    def _unblock(self, force: bool = False) -> None:
+        if not (self._blocked or force):
+            return
+        try:
+            self.frr.run(["nft", "delete", "table", "inet", WATCH_TABLE], timeout=5.0)
+            self._blocked = False
+        except FrrError as exc:
+            logs.event(log, "bfdUnblockFailed", str(exc), logging.ERROR)
+
+
+def _minus(a: dict[tuple[str, int], dict[str, list[str]]],
+           b: dict[tuple[str, int], dict[str, list[str]]]) -> dict[tuple[str, int], dict[str, list[str]]]:
+    """Networks of ``a`` that ``b`` does not have, per router and family."""
+    out: dict[tuple[str, int], dict[str, list[str]]] = {}
+    for key, fams in a.items():
+        other = b.get(key, {})
+        out[key] = {fam: [p for p in ps if p not in set(other.get(fam, []))] for fam, ps in fams.items()}
+    return out
+
+
+def _updates_sent(neighbors: Any) -> dict[str, int]:
+    out: dict[str, int] = {}
+    if not isinstance(neighbors, dict):
+        return out
+    for vrf in neighbors.values():
+        if not isinstance(vrf, dict):
+            continue
+        for addr, n in vrf.items():
+            if isinstance(n, dict) and isinstance(n.get("messageStats"), dict):
+                out[addr] = int(n["messageStats"].get("updatesSent", 0) or 0)
+    return out
