@@ -10,7 +10,7 @@ export PATH := $(BIN):$(PATH)
 # Debian packages the tests and the lab need on the controller.
 APT_PACKAGES := debootstrap iproute2 iputils-ping arping tcpdump nftables curl ndisc6 keepalived rsync shellcheck
 
-.PHONY: help deps venv lint unit sanity netns labtests molecule test lab lab-down bench bench-failover build clean
+.PHONY: help deps venv lint unit sanity netns labtests molecule install-test test lab lab-down bench bench-failover build clean
 
 help:
 	@echo "make test   - install what is needed, then run lint, unit, sanity, namespace and molecule tests"
@@ -52,7 +52,17 @@ molecule: deps venv
 	molecule test -s lab
 	molecule test -s default
 
-test: deps venv lint unit sanity netns labtests molecule
+# The collection as users install it: Galaxy tarball, ansible-galaxy install (tarball
+# and requirements.yml) into an infra repo of its own with ansible-core only, lab
+# `fh` deployed from there (tests/install/run.sh).
+install-test: deps venv
+	tests/install/run.sh
+
+# Each step runs as `make STEP` through scripts/run-steps.py, which ends with a
+# table of what ran, passed and took how long (the steps' output streams as it comes).
+TEST_STEPS := lint unit sanity netns labtests install-test molecule
+test: deps venv
+	$(PY) scripts/run-steps.py --title "make test" $(TEST_STEPS)
 
 # The lab of the default scenario (three nodes, two clients, a router), site.yml
 # deployed on it, then the scenario's verify: who answers ARP/NDP for each VIP,
