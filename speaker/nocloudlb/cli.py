@@ -7,6 +7,7 @@
     nocloudlb validate CONFIG
     nocloudlb probe IP [-i IFACE] [--timeout S] [--json]
     nocloudlb keygen
+    nocloudlb support-bundle [-o FILE] [--socket S] [-c CONFIG] [--since 2h]
 """
 
 from __future__ import annotations
@@ -91,6 +92,11 @@ def main(argv: list[str] | None = None) -> int:
     pp.add_argument("--timeout", type=float, default=1.0)
     pp.add_argument("--json", action="store_true")
     sub.add_parser("keygen", help="print a new gossip key (base64, 32 bytes)")
+    sbp = sub.add_parser("support-bundle", help="status, config (secrets redacted), logs, neighbours: one archive")
+    sbp.add_argument("-o", "--output", default=None, help="archive path (default ./nocloudlb-support-HOST-TIME.tar.gz)")
+    sbp.add_argument("--socket", default=DEFAULT_SOCKET)
+    sbp.add_argument("-c", "--config", default=DEFAULT_PATH)
+    sbp.add_argument("--since", default="2h", help="journal since this long ago (journalctl syntax, e.g. 30min)")
     a = p.parse_args(argv)
 
     if a.command == "speaker":
@@ -140,6 +146,10 @@ def main(argv: list[str] | None = None) -> int:
             if not answers:
                 print(f"{a.ip}: no answer within {a.timeout}s")
         return 0 if answers else 1
+    if a.command == "support-bundle":
+        from . import support
+
+        return support.main(a.output, a.socket, a.config, a.since)
     if a.command == "keygen":
         from .membership import generate_key
 

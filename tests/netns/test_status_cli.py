@@ -113,3 +113,65 @@ def test_cluster_asks_every_member_and_flags_vips_without_owner(running):
         ip: (None, [], "NO OWNER") for ip in vips}
     table = cli(c, "n2", "--cluster", check=False).stdout
     assert all(re.search(rf"^{re.escape(ip)}\s.*\snone\s+nobody\s+NO OWNER$", table, re.M) for ip in vips), table
+
+
+def test_support_bundle_holds_status_config_and_neighbours_but_no_secret(running, tmp_path):
+    import tarfile
+
+    c, vips = running
+    cfg = c.config("n1")
+    # a BGPPeer password in the config must not reach the archive; nor the gossip key
+    cfg["extraSecret"] = {"password": "hunter2-do-not-ship"}
+    c.config_path("n1").with_name("bundle-config.yaml").write_text(yaml.safe_dump(cfg))
+    out = tmp_path / "bundle.tar.gz"
+    res = c.seg.run(c.host("n1").ns, [sys.executable, "-m", "nocloudlb.cli", "support-bundle", "-o", str(out),
+                                      "--socket", c.sock("n1"), "-c",
+                                      str(c.config_path("n1").with_name("bundle-config.yaml"))], timeout=60)
+    assert f"{out}:" in res.stdout, res.stdout
+    with tarfile.open(out) as tar:
+        files = {m.name.split("/", 1)[1]: tar.extractfile(m).read().decode() for m in tar.getmembers()}
+    manifest = json.loads(files["MANIFEST.json"])
+    assert {"status.json", "keys.json", "config.yaml", "neighbours.json", "addresses.json", "journal.txt",
+            "versions.json"} <= set(manifest)
+    assert json.loads(files["status.json"])["node"] == "n1"
+    assert manifest["status.json"]["error"] == "" and manifest["neighbours.json"]["error"] == ""
+    assert yaml.safe_load(files["config.yaml"])["extraSecret"]["password"] == "<redacted>"
+    assert any(a.get("ifname") == "lo" for a in json.loads(files["addresses.json"]))
+    everything = "".join(files.values())
+    assert "hunter2-do-not-ship" not in everything
+    for key in c.keys:
+        assert key not in everything
+    assert oct(out.stat().st_mode & 0o777) == "0o600"
+
+
+def test_vip_probe_playbook_writes_what_the_wire_says_for_prometheus(running, tmp_path):
+    import os
+    import shutil
+    from pathlib import Path
+
+    c, vips = running
+    root = Path(__file__).resolve().parents[2]
+    cols = tmp_path / "collections" / "ansible_collections" / "nocloud"
+    cols.mkdir(parents=True)
+    (cols / "loadbalancer").symlink_to(root, target_is_directory=True)
+    textdir = tmp_path / "textfile"
+    textdir.mkdir()
+    bindir = Path(sys.executable).parent
+    env = {"ANSIBLE_COLLECTIONS_PATH": str(tmp_path / "collections"), "ANSIBLE_HOME": str(tmp_path / "ah"),
+           "ANSIBLE_LOCALHOST_WARNING": "False", "ANSIBLE_NOCOLOR": "1",
+           "PATH": f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    extra = json.dumps({"probe_hosts": "localhost", "probe_textfile_dir": str(textdir),
+                        "probe_addresses": [*sorted(vips), "198.51.100.239"],
+                        "ansible_python_interpreter": sys.executable})
+    res = c.seg.run(c.seg.client.ns, [str(bindir / "ansible-playbook"), "-i", "localhost,", "-c", "local",
+                                      str(root / "monitoring" / "vip-probe.yml"), "-e", extra],
+                    env=env, timeout=120, check=False)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
+    text = (textdir / "nocloudlb_vip.prom").read_text()
+    for ip in vips:
+        assert f'nocloudlb_vip_answering_macs{{ip="{ip}"}} 1\n' in text, text
+    assert 'nocloudlb_vip_answering_macs{ip="198.51.100.239"} 0\n' in text, text
+    if shutil.which("promtool"):
+        chk = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True,
+                             timeout=30, check=False)
+        assert chk.returncode == 0, chk.stdout + chk.stderr
