@@ -62,9 +62,10 @@ install-test: deps venv
 	tests/install/run.sh
 
 # docs/reference/ is generated from meta/argument_specs.yml and the modules' docs
-# (scripts/gen-reference.py); it must match them.
-docs-check: venv
+# (scripts/gen-reference.py), docs/images/ by scripts/pictures.py: both must be current.
+docs-check: deps venv
 	$(PY) scripts/gen-reference.py --check
+	$(PY) scripts/pictures.py --check
 
 # Each step runs as `make STEP` through scripts/run-steps.py, which ends with a
 # table of what ran, passed and took how long (the steps' output streams as it comes).
