@@ -36,8 +36,8 @@ def _status(a: argparse.Namespace) -> int:
     from . import statusview as sv
 
     fmt = "json" if a.json else a.output
-    paint = sv.Paint(a.color == "always" or (a.color == "auto" and sys.stdout.isatty()
-                                              and not os.environ.get("NO_COLOR")))
+    on_tty = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+    paint = sv.Paint(a.color == "always" or (a.color == "auto" and on_tty))
     if a.watch:
         if fmt != "table":
             print("nocloudlb status: --watch draws tables only", file=sys.stderr)
