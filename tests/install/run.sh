@@ -17,7 +17,8 @@
 #      a site playbook that imports nocloud.loadbalancer.site, one that uses the
 #      roles directly, and a check from the client that every VIP is answered by
 #      the elected node's MAC and serves HTTP;
-#   6. nothing left in ~/.ansible/collections, the lab down.
+#   6. docs/quickstart.md's commands run on that lab, a VIP watched moving;
+#   7. nothing left in ~/.ansible/collections, the lab down.
 # Run as root: tests/install/run.sh  (KEEP=1 keeps the work directory and the lab)
 set -euo pipefail
 top=$(cd "$(dirname "$0")/../.." && pwd)
@@ -78,14 +79,17 @@ bundled=${BUNDLED_COLLECTIONS:-$(find "$top/.venv/lib" -maxdepth 3 -path "*/site
     --ansible-galaxy "$venv/bin/ansible-galaxy"
 
 step "an offline install of the collection alone fails: its dependencies are declared"
-if out=$(cd "$work" && "$venv/bin/ansible-galaxy" collection install --offline -p "$work/alone" "$tarball" 2>&1); then
+# (each install sees only its own target path: a copy in ~/.ansible/collections must not satisfy it)
+if out=$(cd "$work" && ANSIBLE_COLLECTIONS_PATH=$work/alone "$venv/bin/ansible-galaxy" collection install --offline \
+        -p "$work/alone" "$tarball" 2>&1); then
     echo "$out"; fail "the collection installed without its dependencies: galaxy.yml declares none"
 fi
 echo "$out" | grep -E 'ansible\.posix|community\.docker' | head -n 3 | sed 's/^/  /'
 echo "$out" | grep -qE 'ansible\.posix|community\.docker' || { echo "$out"; fail "the refusal did not name a dependency"; }
 
 step "install from the tarball"
-(cd "$work" && "$venv/bin/ansible-galaxy" collection install --offline -p "$work/from-tarball" \
+(cd "$work" && ANSIBLE_COLLECTIONS_PATH=$work/from-tarball "$venv/bin/ansible-galaxy" collection install --offline \
+    -p "$work/from-tarball" \
     "$tarball" "$work"/vendor/*.tar.gz 2>/dev/null | grep -E 'was installed successfully')
 for what in module:nocloud.loadbalancer.pool_validate module:nocloud.loadbalancer.vip_owner_info \
             role:nocloud.loadbalancer.speaker role:nocloud.loadbalancer.lab; do
@@ -143,6 +147,11 @@ run_playbook speakers.yml
 step "playbooks/check.yml: every VIP from the client"
 run_playbook check.yml
 grep -oE '"msg": "[^"]+ -> [^"]+"' "$work/check.yml.log" | sed 's/"msg": /  /'
+
+step "docs/quickstart.md's commands on the lab, with the installed collection's labctl"
+"$venv/bin/python" "$here/quickstart.py" --lab "$lab" --doc "$top/docs/quickstart.md" \
+    --labctl "$infra/collections/ansible_collections/nocloud/loadbalancer/roles/lab/files/labctl.py" \
+    || fail "the quickstart's commands (above)"
 
 step "nothing left in ~/.ansible/collections"
 after=$(home_collections)
