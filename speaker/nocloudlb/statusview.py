@@ -175,7 +175,11 @@ def watch(fetch: Callable[[], dict[str, Any]], out: TextIO, paint: Paint, interv
             except (OSError, ValueError, SystemExit) as exc:
                 st, error = None, f"{stamp(now)}  speaker unreachable: {exc}"
             if st is not None:
-                new = w.update(st, now)
+                new = []
+                if last_error:
+                    new.append(f"{stamp(now)}  speaker reachable again")
+                    w.events.append(new[0])
+                new += w.update(st, now)
             else:
                 new = [error] if error != last_error else []
                 if new:
