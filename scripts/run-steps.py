@@ -27,7 +27,8 @@ NOTES = [
      lambda m: f"molecule {m.group(1)}: {m.group(3)}/{m.group(2)} actions ok"),
     (re.compile(r"^Running sanity test '([^']+)'"), lambda m: "sanity"),
     (re.compile(r"=== \[ *\d+s\] done: (.*)"), lambda m: m.group(1)),
-    (re.compile(r"^Passed: (\w+ profile)"), lambda m: f"ansible-lint {m.group(1)}"),
+    (re.compile(r"Profile '(\w+)' was required, and it passed"), lambda m: f"ansible-lint {m.group(1)} passed"),
+    (re.compile(r"^(docs/\w+/: .*)"), lambda m: m.group(1)),
     (re.compile(r"^Success: (no issues found in \d+ source files)"), lambda m: f"mypy {m.group(1)}"),
     (re.compile(r"^All checks passed!"), lambda m: "ruff clean"),
 ]
