@@ -9,8 +9,11 @@ PY := $(BIN)/python
 export PATH := $(BIN):$(PATH)
 # Debian packages the tests and the lab need on the controller.
 APT_PACKAGES := debootstrap iproute2 iputils-ping arping tcpdump nftables curl ndisc6 keepalived rsync shellcheck
+# Graphviz renders docs/images (scripts/pictures.py). promtool (Debian: prometheus) is used
+# by the monitoring tests when present; not installed here, as it starts a server.
+APT_PACKAGES += graphviz
 
-.PHONY: help deps venv lint unit sanity netns labtests molecule test lab lab-down bench bench-failover bench-side-by-side build clean chaos chaos-short
+.PHONY: help deps venv lint unit sanity netns labtests molecule install-test docs-check test lab lab-down bench bench-failover bench-side-by-side build clean chaos chaos-short
 
 help:
 	@echo "make test   - install what is needed, then run lint, unit, sanity, namespace and molecule tests"
@@ -32,7 +35,7 @@ $(VENV)/.stamp: requirements-dev.txt pyproject.toml
 venv: $(VENV)/.stamp
 
 lint: venv
-	$(BIN)/ruff check plugins speaker tests benchmarks roles/lab/files molecule
+	$(BIN)/ruff check plugins speaker tests benchmarks roles/lab/files molecule scripts
 	$(BIN)/mypy plugins/module_utils speaker/nocloudlb
 	$(BIN)/antsibull-changelog lint
 	scripts/collection-tree.sh ansible-lint
@@ -49,23 +52,41 @@ netns: deps venv
 labtests: deps venv
 	$(BIN)/pytest tests/lab -q -p no:cacheprovider
 
-molecule: deps venv
-	molecule test -s lab
-	molecule test -s default
-	molecule test -s keepalived
-	molecule test -s dataplane
-	molecule test -s bgp
+# One step per scenario, so the final table shows each one's time.
+SCENARIOS := lab default keepalived dataplane bgp
+molecule: $(addprefix molecule-,$(SCENARIOS))
 
-test: deps venv lint unit sanity netns labtests molecule chaos-short
+molecule-%: deps venv
+	molecule test -s $*
+
+# The collection as users install it: Galaxy tarball, ansible-galaxy install (tarball
+# and requirements.yml) into an infra repo of its own with ansible-core only, lab
+# `fh` deployed from there (tests/install/run.sh).
+install-test: deps venv
+	tests/install/run.sh
+
+# docs/reference/ is generated from meta/argument_specs.yml and the modules' docs
+# (scripts/gen-reference.py), docs/images/ by scripts/pictures.py: both must be current.
+docs-check: deps venv
+	$(PY) scripts/gen-reference.py --check
+	$(PY) scripts/pictures.py --check
+
+# Each step runs as `make STEP` through scripts/run-steps.py, which ends with a
+# table of what ran, passed and took how long (the steps' output streams as it comes).
+TEST_STEPS := lint docs-check unit sanity netns labtests install-test $(addprefix molecule-,$(SCENARIOS)) chaos-short
+test: deps venv
+	$(PY) scripts/run-steps.py --title "make test" $(TEST_STEPS)
 
 # The lab of the default scenario (three nodes, two clients, a router), site.yml
 # deployed on it, then the scenario's verify: who answers ARP/NDP for each VIP,
 # HTTP through every VIP, and the VIPs moving under kill -9, freeze, link down and
 # drain, with the measured times. The lab stays up for you to explore
 # (docs/lab.md); `make lab-down` removes it.
+# scripts/lab.py keeps molecule's whole log in a file (its path printed), shows one
+# line per play, and ends with tables: hosts, VIPs with their MAC, node and HTTP check,
+# measured failover/drain/rolling-restart times.
 lab: deps venv
-	molecule converge -s default
-	molecule verify -s default
+	$(PY) scripts/lab.py
 
 lab-down: venv
 	molecule destroy -s default

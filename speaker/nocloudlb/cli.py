@@ -1,12 +1,13 @@
 """``nocloudlb``: the speaker daemon and its operator commands.
 
     nocloudlb speaker [-c CONFIG]
-    nocloudlb status [--socket S] [--json]
+    nocloudlb status [--socket S] [-o table|json|yaml] [--watch [--interval S]] [--cluster]
     nocloudlb label set k=v [k=v ...] | nocloudlb label unset k [k ...]
     nocloudlb reload | nocloudlb keys
     nocloudlb validate CONFIG
     nocloudlb probe IP [-i IFACE] [--timeout S] [--json]
     nocloudlb keygen
+    nocloudlb support-bundle [-o FILE] [--socket S] [-c CONFIG] [--since 2h]
 """
 
 from __future__ import annotations
@@ -29,29 +30,30 @@ def _request(sock: str, req: dict[str, Any]) -> dict[str, Any]:
         raise SystemExit(2) from None
 
 
-def _print_status(st: dict[str, Any]) -> None:
-    cfg = st.get("config", {})
-    ml = st.get("memberlist", {})
-    print(f"node {st.get('node')}  ready={st.get('ready')}  profile={st.get('profile')}  "
-          f"memberlist={ml.get('state')}{'  ' + ml['error'] if ml.get('error') else ''}")
-    print(f"config {cfg.get('state')}  loadedAt={cfg.get('loadedAt')}  lastGoodAt={cfg.get('lastGoodAt')}")
-    for err in cfg.get("errors", []):
-        print(f"  error: {err}")
-    labels = st.get("labels", {})
-    print("labels " + (", ".join(f"{k}={v}" for k, v in sorted(labels.items())) or "-"))
-    print("\nMEMBER                ADDRESS                 STATE    LABELS")
-    for m in st.get("members", []):
-        lab = ",".join(f"{k}={v}" for k, v in sorted(m.get("labels", {}).items()))
-        print(f"{m['name']:<21} {m['addr']:<23} {m['state']:<8} {lab}")
-    print("\nVIP                      SERVICE                  POOL         LEADER       HERE")
-    for v in st.get("vips", []):
-        here = "announcing" if v["announcing"] else (v.get("reason") or "-")
-        conflict = v.get("conflict") or {}
-        if not v["announcing"] and conflict.get("mac"):
-            here += f" (answered by {conflict['mac']} on {conflict.get('iface')})"
-        print(f"{v['ip']:<24} {v['service']:<24} {v['pool']:<12} {str(v['leader']):<12} {here}")
-    for c in st.get("conflicts", []):
-        print(f"CONFLICT {c.get('ip')} answered by {c.get('mac')} on {c.get('iface')} at {c.get('at')}")
+def _status(a: argparse.Namespace) -> int:
+    import os
+
+    from . import statusview as sv
+
+    fmt = "json" if a.json else a.output
+    on_tty = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+    paint = sv.Paint(a.color == "always" or (a.color == "auto" and on_tty))
+    if a.watch:
+        if fmt != "table":
+            print("nocloudlb status: --watch draws tables only", file=sys.stderr)
+            return 2
+        from .core.control_client import request
+
+        return sv.watch(lambda: request(a.socket, {"cmd": "status"}), sys.stdout, paint, a.interval, a.count,
+                        redraw=sys.stdout.isatty())
+    st = _request(a.socket, {"cmd": "status"})
+    if a.cluster:
+        port = a.metrics_port or int(str(st.get("metricsBind") or ":7472").rpartition(":")[2] or 7472)
+        view = sv.cluster_view(st, port)
+        print(sv.dump(view, fmt) if fmt != "table" else sv.render_cluster(view, paint))
+        return 1 if list(sv.problems(view)) else 0
+    print(sv.dump(st, fmt) if fmt != "table" else sv.render(st, paint))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,8 +61,22 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="command", required=True)
     sp = sub.add_parser("speaker", help="run the speaker daemon")
     sp.add_argument("-c", "--config", default=DEFAULT_PATH)
-    for name, hlp in (("status", "show the speaker's view"), ("reload", "reload the config file"),
-                      ("keys", "ids of the gossip keys in use")):
+    stp = sub.add_parser("status", help="the speaker's view: VIPs, owners, this node's role and why",
+                         description="A table of every VIP (service, pool, owner, this node's role and the reason, "
+                                     "conflicts) and the members; --watch redraws it and marks each change of owner "
+                                     "with its time; --cluster asks every member what it announces.")
+    stp.add_argument("--socket", default=DEFAULT_SOCKET)
+    stp.add_argument("-o", "--output", choices=["table", "json", "yaml"], default="table")
+    stp.add_argument("--json", action="store_true", help="same as -o json")
+    stp.add_argument("-w", "--watch", action="store_true", help="refresh until Ctrl-C; mark owner changes")
+    stp.add_argument("--interval", type=float, default=0.5, help="seconds between refreshes (--watch)")
+    stp.add_argument("--count", type=int, default=0, help="stop after N refreshes (--watch; 0 = never)")
+    stp.add_argument("--cluster", action="store_true",
+                     help="every member's view: this node's election against what each member announces "
+                          "(asked on its metrics port); exit 1 on a VIP with two owners or none")
+    stp.add_argument("--metrics-port", type=int, default=0, help="members' metrics port (default: this node's)")
+    stp.add_argument("--color", choices=["auto", "always", "never"], default="auto")
+    for name, hlp in (("reload", "reload the config file"), ("keys", "ids of the gossip keys in use")):
         x = sub.add_parser(name, help=hlp)
         x.add_argument("--socket", default=DEFAULT_SOCKET)
         x.add_argument("--json", action="store_true")
@@ -76,6 +92,11 @@ def main(argv: list[str] | None = None) -> int:
     pp.add_argument("--timeout", type=float, default=1.0)
     pp.add_argument("--json", action="store_true")
     sub.add_parser("keygen", help="print a new gossip key (base64, 32 bytes)")
+    sbp = sub.add_parser("support-bundle", help="status, config (secrets redacted), logs, neighbours: one archive")
+    sbp.add_argument("-o", "--output", default=None, help="archive path (default ./nocloudlb-support-HOST-TIME.tar.gz)")
+    sbp.add_argument("--socket", default=DEFAULT_SOCKET)
+    sbp.add_argument("-c", "--config", default=DEFAULT_PATH)
+    sbp.add_argument("--since", default="2h", help="journal since this long ago (journalctl syntax, e.g. 30min)")
     a = p.parse_args(argv)
 
     if a.command == "speaker":
@@ -83,12 +104,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return Speaker(a.config).run()
     if a.command == "status":
-        st = _request(a.socket, {"cmd": "status"})
-        if a.json:
-            print(json.dumps(st, indent=2, sort_keys=True))
-        else:
-            _print_status(st)
-        return 0
+        return _status(a)
     if a.command in ("reload", "keys"):
         resp = _request(a.socket, {"cmd": a.command})
         print(json.dumps(resp, indent=2, sort_keys=True))
@@ -130,6 +146,10 @@ def main(argv: list[str] | None = None) -> int:
             if not answers:
                 print(f"{a.ip}: no answer within {a.timeout}s")
         return 0 if answers else 1
+    if a.command == "support-bundle":
+        from . import support
+
+        return support.main(a.output, a.socket, a.config, a.since)
     if a.command == "keygen":
         from .membership import generate_key
 

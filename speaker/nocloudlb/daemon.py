@@ -679,6 +679,7 @@ class Speaker:
                            "encrypted": bool(ml and ml.settings.keys)},
             "health": self.health.status() if self.health else {},
             "time": now_iso(),
+            "metricsBind": cfg.metrics_bind if cfg else "",  # firsthour: `nocloudlb status --cluster` asks members here
         }
 
     def metrics_snapshot(self) -> dict[str, Any]:

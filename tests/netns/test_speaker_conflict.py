@@ -88,9 +88,10 @@ def test_leader_reports_a_foreign_owner_and_does_not_fight_it(make_segment, tmp_
     assert conflicts[taken]["at"].endswith("+00:00")
     assert set(conflicts) == {ip for ip, node in [(taken, leader), (V6, v6_leader)] if node == leader}
     human = cli(c, leader)
-    assert any(line.startswith(taken) and f"ipConflict (answered by {foreign.mac} on eth0)" in line
-               for line in human.splitlines()), human
-    assert f"CONFLICT {taken} answered by {foreign.mac} on eth0" in human
+    # the status table (firsthour): role "conflict", reason ipConflict, the other MAC in the CONFLICT column
+    assert any(line.startswith(taken) and line.split()[4:7] == ["conflict", "ipConflict", foreign.mac]
+               and line.endswith(f"{foreign.mac} on eth0") for line in human.splitlines()), human
+    assert f"CONFLICT {taken}: answered by {foreign.mac} on eth0" in human
     # the other nodes: not theirs, nothing handed to their L2 layer, no conflict
     for node in NODES:
         if node != leader:

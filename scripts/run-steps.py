@@ -1,0 +1,117 @@
+"""Run make targets one after another and end with a table of what ran.
+
+    python scripts/run-steps.py [--title T] [--keep-going] [--json FILE] STEP [STEP ...]
+
+Each STEP runs as ``make --no-print-directory STEP``; its output streams through
+as it comes. What a step says about itself (pytest's "N passed", molecule's
+scenario recap, the install test's last line) is picked from its output for the
+table. Without --keep-going the first failing step stops the run and the rest are
+listed as not run. Exit status: 0 when every step passed, else 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+# (pattern, how to render the match) for the "what it said" column
+NOTES = [
+    (re.compile(r"^=+ (.*\b(?:passed|failed|errors?|skipped)\b.*) in [0-9.]+s"), lambda m: m.group(1)),
+    (re.compile(r"^(\S+)\s*: actions=(\d+)\s+successful=(\d+).*failed=(\d+)"),
+     lambda m: f"molecule {m.group(1)}: {m.group(3)}/{m.group(2)} actions ok"),
+    (re.compile(r"^Running sanity test '([^']+)'"), lambda m: "sanity"),
+    (re.compile(r"=== \[ *\d+s\] done: (.*)"), lambda m: m.group(1)),
+    (re.compile(r"Profile '(\w+)' was required, and it passed"), lambda m: f"ansible-lint {m.group(1)} passed"),
+    (re.compile(r"^(docs/\w+/: .*)"), lambda m: m.group(1)),
+    (re.compile(r"^Success: (no issues found in \d+ source files)"), lambda m: f"mypy {m.group(1)}"),
+    (re.compile(r"^All checks passed!"), lambda m: "ruff clean"),
+]
+
+
+def fmt_time(s: float) -> str:
+    return f"{int(s // 60)} m {int(s % 60):02d} s" if s >= 60 else f"{s:.0f} s"
+
+
+def run_step(step: str) -> tuple[int, float, list[str]]:
+    t0 = time.monotonic()
+    notes: list[str] = []
+    sanity = 0
+    proc = subprocess.Popen(["make", "--no-print-directory", step], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        sys.stdout.write(line)
+        sys.stdout.flush()
+        plain = ANSI.sub("", line).strip().lstrip("│ ").strip()
+        for pat, render in NOTES:
+            m = pat.search(plain)
+            if m:
+                note = render(m)
+                if note == "sanity":
+                    sanity += 1
+                elif note not in notes:
+                    notes.append(note)
+    rc = proc.wait()
+    if sanity:
+        notes.insert(0, f"{sanity} ansible-test sanity tests")
+    return rc, time.monotonic() - t0, notes
+
+
+def table(rows: list[list[str]], color: bool = False) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    out = []
+    for n, r in enumerate(rows):
+        cells = [c.ljust(w) for c, w in zip(r[:-1], widths, strict=False)]
+        if color and n:
+            code = "32" if r[1] == "passed" else "31" if r[1].startswith("failed") else "2"
+            cells[1] = f"\x1b[{code}m{cells[1]}\x1b[0m"
+        out.append("  ".join(cells) + "  " + r[-1])
+    return "\n".join(out)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("steps", nargs="+")
+    ap.add_argument("--title", default="steps")
+    ap.add_argument("--keep-going", action="store_true")
+    ap.add_argument("--json", help="also write the results here")
+    a = ap.parse_args()
+    color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+    results: list[dict] = []
+    t0 = time.monotonic()
+    stop = False
+    for i, step in enumerate(a.steps, 1):
+        if stop:
+            results.append({"step": step, "result": "not run", "seconds": 0.0, "notes": []})
+            continue
+        print(f"\n===== {a.title}: step {i}/{len(a.steps)}: make {step}", flush=True)
+        rc, secs, notes = run_step(step)
+        results.append({"step": step, "result": "passed" if rc == 0 else f"failed (exit {rc})",
+                        "seconds": round(secs, 1), "notes": notes})
+        if rc != 0 and not a.keep_going:
+            stop = True
+    total = time.monotonic() - t0
+    passed = sum(r["result"] == "passed" for r in results)
+    ok = passed == len(results)
+    rows = [["STEP", "RESULT", "TIME", "WHAT IT SAID"]]
+    for r in results:
+        rows.append([r["step"], r["result"], fmt_time(r["seconds"]) if r["result"] != "not run" else "-",
+                     "; ".join(r["notes"]) or "-"])
+    text = table(rows, color)
+    verdict = "all passed" if ok else f"{passed} of {len(results)} passed"
+    print(f"\n===== {a.title}: {verdict} in {fmt_time(total)}")
+    print(text)
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump({"title": a.title, "ok": ok, "seconds": round(total, 1), "steps": results}, fh, indent=2)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

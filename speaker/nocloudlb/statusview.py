@@ -1,0 +1,325 @@
+"""``nocloudlb status`` for people: tables, watching, the cluster's view.
+
+Pure rendering over the speaker's status document (the control socket's
+``status`` answer) plus, for ``--cluster``, what every member's metrics endpoint
+says it announces. The CLI (cli.py) fetches; this module formats.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import re
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable
+from typing import Any, TextIO
+
+# reason (as the speaker reports it per VIP) -> (this node's role, what it means)
+REASONS: dict[str, tuple[str, str]] = {
+    "": ("owner", "this node is elected and answers ARP/NDP for the VIP"),
+    "notOwner": ("backup", "another node is elected; this one takes over if it goes"),
+    "drained": ("drained", "this node carries the drain label and never announces"),
+    "noHealthyBackend": ("ineligible", "Local policy: this node's health check for the service fails"),
+    "noMatchingAdvertisement": ("ineligible", "no L2Advertisement selects this node (nodeSelectors) for the pool"),
+    "noCandidates": ("nobody", "no live node is eligible: the VIP is not announced anywhere"),
+    "notInAnyPool": ("nobody", "the service's address is in no IPAddressPool"),
+    "notReady": ("waiting", "the speaker has not joined the cluster yet and takes no address"),
+    "joinRefused": ("refused", "peers refuse this node's gossip (wrong key?): it announces nothing"),
+    "conflictCheck": ("checking", "elected; probing that no other MAC answers before announcing (RFC 5227)"),
+    "ipConflict": ("conflict", "elected, but another MAC answers for the VIP: reported, never fought"),
+    "l2Pending": ("checking", "elected; the layer-2 announcer has not taken the VIP yet"),
+}
+ROLE_COLOR = {"owner": "32", "backup": "2", "drained": "33", "ineligible": "33", "checking": "33",
+              "waiting": "33", "nobody": "31", "refused": "31", "conflict": "31"}
+
+
+class Paint:
+    def __init__(self, on: bool) -> None:
+        self.on = on
+
+    def __call__(self, text: str, code: str | None) -> str:
+        return f"\x1b[{code}m{text}\x1b[0m" if self.on and code else text
+
+
+def role_of(v: dict[str, Any]) -> str:
+    if v.get("announcing"):
+        return "owner"
+    return REASONS.get(v.get("reason") or "", ("?", ""))[0]
+
+
+def table(rows: list[list[str]], paint: Paint | None = None, colors: list[list[str | None]] | None = None) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    out = []
+    for n, r in enumerate(rows):
+        cells = []
+        for i, (c, w) in enumerate(zip(r, widths, strict=False)):
+            cell = c.ljust(w) if i < len(r) - 1 else c
+            code = "1" if n == 0 else (colors[n - 1][i] if colors else None)
+            cells.append(paint(cell, code) if paint else cell)
+        out.append("  ".join(cells).rstrip())
+    return "\n".join(out)
+
+
+def conflict_text(v: dict[str, Any]) -> str:
+    c = v.get("conflict") or {}
+    return f"{c['mac']} on {c.get('iface', '?')}" if c.get("mac") else "-"
+
+
+def header(st: dict[str, Any], paint: Paint) -> str:
+    cfg = st.get("config", {})
+    ml = st.get("memberlist", {})
+    members = st.get("members", [])
+    alive = sum(m.get("state") == "alive" for m in members)
+    cfg_state = cfg.get("state", "?")
+    parts = [
+        f"node {paint(str(st.get('node')), '1')}",
+        f"ready {paint('yes', '32') if st.get('ready') else paint('no', '31')}",
+        f"config {paint(cfg_state, '32' if cfg_state == 'ok' else '31')}",
+        f"members {alive}/{len(members)} alive",
+        f"gossip {ml.get('state', '?')}{' (encrypted)' if ml.get('encrypted') else ''}",
+        f"profile {st.get('profile') or '-'}",
+    ]
+    lines = ["  ".join(parts)]
+    if ml.get("error"):
+        lines.append(paint(f"gossip error: {ml['error']}", "31"))
+    for err in cfg.get("errors", []):
+        lines.append(paint(f"config refused, running the last good one: {err}", "31"))
+    return "\n".join(lines)
+
+
+def vip_rows(st: dict[str, Any], marks: dict[tuple[str, str], str] | None = None
+             ) -> tuple[list[list[str]], list[list[str | None]]]:
+    rows = [["VIP", "SERVICE", "POOL", "OWNER", "THIS NODE", "REASON", "CONFLICT"]]
+    colors: list[list[str | None]] = []
+    for v in sorted(st.get("vips", []), key=lambda v: (v["ip"], v["service"])):
+        role = role_of(v)
+        owner = str(v.get("leader") or "none")
+        mark = (marks or {}).get((v["ip"], v["service"]))
+        if mark:
+            owner += f"  * since {mark}"
+        rows.append([v["ip"], v["service"], v.get("pool") or "-", owner, role, v.get("reason") or "-",
+                     conflict_text(v)])
+        colors.append([None, None, None, "1" if mark else ("31" if owner == "none" else None),
+                       ROLE_COLOR.get(role), None, "31" if v.get("conflict") else None])
+    return rows, colors
+
+
+def render(st: dict[str, Any], paint: Paint, marks: dict[tuple[str, str], str] | None = None) -> str:
+    out = [header(st, paint), ""]
+    rows, colors = vip_rows(st, marks)
+    out.append(table(rows, paint, colors) if len(rows) > 1 else "no VIPs: no service has an address")
+    for c in st.get("conflicts", []):
+        out.append(paint(f"CONFLICT {c.get('ip')}: answered by {c.get('mac')} on {c.get('iface')} since {c.get('at')}",
+                         "31"))
+    members = st.get("members", [])
+    if members:
+        mrows = [["MEMBER", "ADDRESS", "STATE", "LABELS"]]
+        mcolors: list[list[str | None]] = []
+        for m in sorted(members, key=lambda m: m["name"]):
+            labels = ",".join(f"{k}={v}" for k, v in sorted(m.get("labels", {}).items())) or "-"
+            mrows.append([m["name"], m.get("addr", "-"), m.get("state", "?"), labels])
+            mcolors.append([None, None, "32" if m.get("state") == "alive" else "31", None])
+        out += ["", table(mrows, paint, mcolors)]
+    return "\n".join(out)
+
+
+def stamp(t: float | None = None) -> str:
+    return datetime.datetime.fromtimestamp(t if t is not None else time.time()).strftime("%H:%M:%S.%f")[:-3]
+
+
+class Watcher:
+    """Remembers each VIP's owner between refreshes and records every change with its time."""
+
+    def __init__(self) -> None:
+        self.owners: dict[tuple[str, str], str | None] = {}
+        self.marks: dict[tuple[str, str], str] = {}
+        self.events: list[str] = []
+
+    def update(self, st: dict[str, Any], now: float | None = None) -> list[str]:
+        new: list[str] = []
+        seen = set()
+        for v in st.get("vips", []):
+            key = (v["ip"], v["service"])
+            seen.add(key)
+            owner = v.get("leader")
+            if key in self.owners and self.owners[key] != owner:
+                when = stamp(now)
+                self.marks[key] = when
+                was = self.owners[key] or "none"
+                new.append(f"{when}  {v['ip']} ({v['service']}): owner {was} -> {owner or 'none'}")
+            self.owners[key] = owner
+        for key in set(self.owners) - seen:
+            new.append(f"{stamp(now)}  {key[0]} ({key[1]}): gone from the config")
+            del self.owners[key]
+        self.events += new
+        return new
+
+
+def watch(fetch: Callable[[], dict[str, Any]], out: TextIO, paint: Paint, interval: float = 0.5,
+          count: int = 0, redraw: bool = True) -> int:
+    """Refresh every ``interval`` s (``count`` times; 0 = until interrupted). With ``redraw`` the
+    screen is cleared and the table drawn again; without it (not a terminal) the first table is
+    printed, then one line per change of owner or of reachability."""
+    w = Watcher()
+    n = 0
+    last_error = ""
+    try:
+        while True:
+            n += 1
+            now = time.time()
+            try:
+                st = fetch()
+                error = ""
+            except (OSError, ValueError, SystemExit) as exc:
+                st, error = None, f"{stamp(now)}  speaker unreachable: {exc}"
+            if st is not None:
+                new = []
+                if last_error:
+                    new.append(f"{stamp(now)}  speaker reachable again")
+                    w.events.append(new[0])
+                new += w.update(st, now)
+            else:
+                new = [error] if error != last_error else []
+                if new:
+                    w.events.append(error)
+            last_error = error
+            if redraw:
+                out.write("\x1b[H\x1b[2J")
+                out.write(f"nocloudlb status --watch  every {interval} s  {stamp(now)}  (Ctrl-C ends)\n\n")
+                out.write((render(st, paint, w.marks) if st else paint(error, "31")) + "\n")
+                if w.events:
+                    out.write("\nCHANGES\n" + "\n".join(w.events[-12:]) + "\n")
+            else:
+                if n == 1 and st is not None:
+                    out.write(render(st, paint) + "\n\nCHANGES\n")
+                for line in new:
+                    out.write(line + "\n")
+            out.flush()
+            if count and n >= count:
+                return 0
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        return 0
+
+
+# -- the cluster's view -------------------------------------------------------------------
+METRIC = re.compile(r'^nocloudlb_speaker_announced\{([^}]*)\}\s+([0-9.eE+-]+)')
+LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def parse_announced(text: str) -> list[dict[str, str]]:
+    out = []
+    for line in text.splitlines():
+        m = METRIC.match(line)
+        if m and float(m.group(2)) > 0:
+            out.append(dict(LABEL.findall(m.group(1))))
+    return out
+
+
+def scalar(text: str, name: str) -> float | None:
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            try:
+                return float(line.split()[1])
+            except ValueError:
+                return None
+    return None
+
+
+def fetch_metrics(host: str, port: int, timeout: float = 2.0) -> str:
+    h = f"[{host}]" if ":" in host else host
+    with urllib.request.urlopen(f"http://{h}:{port}/metrics", timeout=timeout) as resp:  # noqa: S310 (member addresses)
+        return str(resp.read().decode("utf-8", "replace"))
+
+
+def member_host(addr: str) -> str:
+    host, _sep, _port = addr.rpartition(":")
+    return host.strip("[]") or addr
+
+
+def cluster_view(st: dict[str, Any], metrics_port: int,
+                 get: Callable[[str, int], str] = fetch_metrics) -> dict[str, Any]:
+    """Ask every member what it announces (its /metrics) beside what this node elected.
+
+    The local speaker answers through its control socket (``st``); each member's gossip
+    state, labels and config digest come from that same answer; what each member
+    announces comes from its metrics endpoint at the member's gossip address."""
+    members = []
+    announced_by: dict[str, list[str]] = {}
+    my_digest = next((m.get("configDigest") for m in st.get("members", []) if m["name"] == st.get("node")), "")
+    for m in sorted(st.get("members", []), key=lambda m: m["name"]):
+        entry: dict[str, Any] = {"name": m["name"], "addr": m.get("addr"), "state": m.get("state"),
+                                 "labels": m.get("labels", {}),
+                                 "sameConfig": m.get("configDigest") == my_digest, "reachable": False,
+                                 "configLoaded": None, "conflicts": None, "announces": [], "error": ""}
+        if m["name"] == st.get("node"):
+            entry.update(reachable=True, configLoaded=st.get("config", {}).get("state") == "ok",
+                         conflicts=len(st.get("conflicts", [])),
+                         announces=sorted({v["ip"] for v in st.get("vips", []) if v.get("announcing")}))
+        elif m.get("state") in ("alive", "suspect"):
+            try:
+                text = get(member_host(m.get("addr", "")), metrics_port)
+                entry.update(reachable=True, configLoaded=scalar(text, "nocloudlb_config_loaded_bool") == 1,
+                             conflicts=int(scalar(text, "nocloudlb_layer2_conflicts_current") or 0),
+                             announces=sorted({r["ip"] for r in parse_announced(text) if "ip" in r}))
+            except (OSError, ValueError) as exc:
+                entry["error"] = str(getattr(exc, "reason", exc))
+        for ip in entry["announces"]:
+            announced_by.setdefault(ip, []).append(m["name"])
+        members.append(entry)
+    vips = []
+    for ip in sorted({v["ip"] for v in st.get("vips", [])}):
+        rows = [v for v in st.get("vips", []) if v["ip"] == ip]
+        elected = rows[0].get("leader")
+        by = sorted(announced_by.get(ip, []))
+        unknown = [m["name"] for m in members if not m["reachable"] and m["state"] in ("alive", "suspect")]
+        if len(by) > 1:
+            verdict = "TWO OWNERS"
+        elif not by:
+            verdict = "NO OWNER" if not unknown else "unknown"
+        elif elected and by == [elected]:
+            verdict = "ok"
+        else:
+            verdict = "moving"
+        vips.append({"ip": ip, "services": sorted({v["service"] for v in rows}),
+                     "pool": rows[0].get("pool"), "elected": elected, "announcedBy": by, "verdict": verdict})
+    return {"node": st.get("node"), "time": st.get("time"), "members": members, "vips": vips}
+
+
+def render_cluster(view: dict[str, Any], paint: Paint) -> str:
+    rows = [["VIP", "SERVICES", "POOL", "ELECTED", "ANNOUNCED BY", "VERDICT"]]
+    colors: list[list[str | None]] = []
+    for v in view["vips"]:
+        rows.append([v["ip"], ",".join(v["services"]), v["pool"] or "-", v["elected"] or "none",
+                     ",".join(v["announcedBy"]) or "nobody", v["verdict"]])
+        colors.append([None, None, None, None, None, "32" if v["verdict"] == "ok" else "31"])
+    mrows = [["MEMBER", "ADDRESS", "STATE", "ASKED", "CONFIG", "SAME CONFIG", "CONFLICTS", "ANNOUNCES", "LABELS"]]
+    mcolors: list[list[str | None]] = []
+    for m in view["members"]:
+        asked = "yes" if m["reachable"] else ("no: " + m["error"] if m["error"] else "no")
+        cfg = "-" if m["configLoaded"] is None else ("ok" if m["configLoaded"] else "refused")
+        mrows.append([m["name"], m["addr"] or "-", m["state"] or "?", asked, cfg, "yes" if m["sameConfig"] else "NO",
+                      "-" if m["conflicts"] is None else str(m["conflicts"]), str(len(m["announces"])),
+                      ",".join(f"{k}={v}" for k, v in sorted(m["labels"].items())) or "-"])
+        mcolors.append([None, None, "32" if m["state"] == "alive" else "31", None if m["reachable"] else "31",
+                        "31" if cfg == "refused" else None, None if m["sameConfig"] else "31",
+                        "31" if m["conflicts"] else None, None, None])
+    head = f"cluster as seen from {view['node']} at {view['time']} (elected: this node's election; " \
+           "announced by: each member's own metrics)"
+    return "\n".join([head, "", table(rows, paint, colors), "", table(mrows, paint, mcolors)])
+
+
+def dump(data: Any, fmt: str) -> str:
+    if fmt == "yaml":
+        import yaml
+
+        return str(yaml.safe_dump(data, sort_keys=True, default_flow_style=False))
+    return json.dumps(data, indent=2, sort_keys=True)
+
+
+def problems(view: dict[str, Any]) -> Iterable[str]:
+    for v in view["vips"]:
+        if v["verdict"] in ("TWO OWNERS", "NO OWNER"):
+            yield f"{v['ip']}: {v['verdict']}"

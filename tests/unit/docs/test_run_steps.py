@@ -1,0 +1,48 @@
+"""scripts/run-steps.py (what `make test` runs): each step through make, output streamed, a
+final table of results and times, the first failure stops the run, exit 1 then."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+
+MAKEFILE = """\
+good:
+\t@echo "==== 3 passed, 1 skipped in 0.12s ===="
+bad:
+\t@echo broken; exit 3
+never:
+\t@touch ran-never
+"""
+
+
+def run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "Makefile").write_text(MAKEFILE)
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / "run-steps.py"), *args], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_table_of_steps_and_stop_at_first_failure(tmp_path):
+    res = run(tmp_path, "--title", "make test", "--json", "r.json", "good", "bad", "never")
+    assert res.returncode == 1
+    out = res.stdout
+    assert "broken" in out  # the step's own output streams through
+    table = out[out.index("===== make test: 1 of 3 passed"):].splitlines()
+    assert table[1].split() == ["STEP", "RESULT", "TIME", "WHAT", "IT", "SAID"]
+    assert table[2].split()[:2] == ["good", "passed"] and table[2].endswith("3 passed, 1 skipped")
+    assert table[3].split()[:3] == ["bad", "failed", "(exit"]
+    assert table[4].split()[:3] == ["never", "not", "run"]
+    assert not (tmp_path / "ran-never").exists()
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert [s["result"] for s in doc["steps"]] == ["passed", "failed (exit 2)", "not run"] and not doc["ok"]
+
+
+def test_keep_going_runs_every_step_and_all_passed_exits_0(tmp_path):
+    assert run(tmp_path, "--keep-going", "bad", "never").returncode == 1
+    assert (tmp_path / "ran-never").exists()
+    res = run(tmp_path, "good", "never")
+    assert res.returncode == 0 and "===== steps: all passed in" in res.stdout
