@@ -91,3 +91,9 @@ def test_right_after_loss_the_wider_detection_window_applies_and_only_there():
 def test_the_full_run_has_every_phase_and_the_short_run_only_known_ones():
     assert sorted(chaos.FULL) == sorted(chaos.PHASES)
     assert set(chaos.SHORT) <= set(chaos.PHASES)
+
+
+def test_two_owners_interrupted_by_single_rounds_count_as_one_overlap():
+    flapping = ([[A, B]] * 8 + [[A]]) * int(chaos.LIMIT_TWO / 0.9 + 2)
+    res = chaos.analyse(fake([[A]] * 5 + flapping + [[A]] * 30), record())
+    assert not res["ok"] and any("two owners" in p for p in res["problems"])
