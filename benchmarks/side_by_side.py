@@ -250,6 +250,7 @@ def run_system(name: str, faults: list[str], trials: int, workdir: Path, rng: ra
 
 def summarize(rows: list[dict]) -> list[dict]:
     out = []
+
     def order(k: tuple[str, str]) -> tuple[int, int]:
         return list(SYSTEMS).index(k[0]), FAULTS.index(k[1])
 
