@@ -6,7 +6,7 @@ Shape (YAML), see docs/speaker.md::
     memberlist: {bind: "198.51.100.11:7946", join: [...], keyFile: ..., profile: lan, probeInterval: 0.5}
     stateDir: /var/lib/nocloudlb
     socket: /run/nocloudlb/speaker.sock
-    metrics: {bind: "0.0.0.0:7472"}      # "" disables
+    metrics: {bind: "auto:7472"}         # auto = memberlist.bind's address; "" disables
     handover: {grace: 30}                # seconds in-flight connections follow a planned move; 0 = off
     logLevel: info
     resources: [ ...MetalLB documents... ]
@@ -236,13 +236,16 @@ def parse(data: Any, path: str = "") -> SpeakerConfig:
     metrics = data.get("metrics") or {}
     metrics_bind = DEFAULT_METRICS
     if not isinstance(metrics, dict):
-        errors.append(f"metrics: must be a mapping like {{bind: \"0.0.0.0:7472\"}}, got {_short(metrics)}")
+        errors.append(f"metrics: must be a mapping like {{bind: \"auto:7472\"}}, got {_short(metrics)}")
     else:
         metrics_bind = metrics.get("bind", DEFAULT_METRICS)
         if metrics_bind != "":
             problem = _addr_problem("metrics.bind", metrics_bind)
             if problem:
                 errors.append(problem)
+            elif isinstance(bind, str) and metrics_bind.rpartition(":")[0] == "auto":
+                # the node's management address (the gossip bind), never every address: VIPs are local too
+                metrics_bind = f"{bind.rpartition(':')[0]}:{metrics_bind.rpartition(':')[2]}"
 
     handover = data.get("handover") or {}
     handover_grace = DEFAULT_HANDOVER_GRACE

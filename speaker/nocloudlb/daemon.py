@@ -482,6 +482,8 @@ class Speaker:
                 rows.append(VipRow(ip, svc.key, pool.name, leader, reason == "", reason, ifaces, bool(mine)))
         final = {ip: v or [] for ip, v in announce.items()}
         assert self.announcer is not None and self._delivery is not None
+        if hasattr(self._delivery, "verify_host"):  # edges (issue 8 defect 8): ARP sysctls, every reconcile
+            self._delivery.verify_host()
         if self.handover is not None:
             self._handover(final, handed)
         self.announcer.set_announced(final, skip_check=skip & set(final))
@@ -662,6 +664,7 @@ class Speaker:
                            "keyIds": ml.key_ids() if ml else [],
                            "encrypted": bool(ml and ml.settings.keys)},
             "health": self.health.status() if self.health else {},
+            "arpSysctls": getattr(self._delivery, "sysctl_status", dict)(),  # edges (issue 8 defect 8)
             "time": now_iso(),
         }
 
