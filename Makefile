@@ -10,7 +10,7 @@ export PATH := $(BIN):$(PATH)
 # Debian packages the tests and the lab need on the controller.
 APT_PACKAGES := debootstrap iproute2 iputils-ping arping tcpdump nftables curl ndisc6 keepalived rsync shellcheck
 
-.PHONY: help deps venv lint unit sanity netns labtests molecule test lab lab-down bench bench-failover build clean
+.PHONY: help deps venv lint unit sanity netns labtests molecule test lab lab-down bench bench-failover build clean fuzz fuzz-long
 
 help:
 	@echo "make test   - install what is needed, then run lint, unit, sanity, namespace and molecule tests"
@@ -52,7 +52,15 @@ molecule: deps venv
 	molecule test -s lab
 	molecule test -s default
 
-test: deps venv lint unit sanity netns labtests molecule
+test: deps venv lint unit fuzz sanity netns labtests molecule
+
+# Bounded fuzzing (issue 8): ARP/NDP frames, gossip metadata, control requests, config files; about 1.5 min.
+fuzz: venv
+	$(BIN)/pytest tests/fuzz -q -p no:cacheprovider
+
+# The long run (docs/fuzzing.md): 1,000,000 frames and 5,000 examples per input; about 15 min.
+fuzz-long: venv
+	FUZZ_FRAMES=1000000 FUZZ_EXAMPLES=5000 FUZZ_SEED=$${FUZZ_SEED:-$$RANDOM} $(BIN)/pytest tests/fuzz -q -s -p no:cacheprovider
 
 # The lab of the default scenario (three nodes, two clients, a router), site.yml
 # deployed on it, then the scenario's verify: who answers ARP/NDP for each VIP,

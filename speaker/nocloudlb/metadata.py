@@ -81,13 +81,13 @@ class MetaCodec:
     def decode(self, meta: Mapping[str, str]) -> PeerInfo:
         if meta.get("v") != VERSION:
             return PeerInfo({}, frozenset(), meta.get("c", ""), False,
-                            f"unknown metadata version {meta.get('v')!r} (expected {VERSION!r})")
+                            f"unknown metadata version {meta.get('v')!r:.40} (expected {VERSION!r})")  # edges: bounded
         try:
             labels = json.loads(meta.get("l", "{}"))
             if not isinstance(labels, dict):
                 raise ValueError("labels are not an object")
             labels = {str(k): str(v) for k, v in labels.items()}
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:  # edges (issue 8 fuzz): deep JSON raised RecursionError
             return PeerInfo({}, frozenset(), meta.get("c", ""), False, f"bad labels in metadata: {exc}")
         if meta.get("s") != self.order_hash:
             return PeerInfo(labels, frozenset(), meta.get("c", ""), False,
