@@ -51,6 +51,7 @@ labtests: deps venv
 molecule: deps venv
 	molecule test -s lab
 	molecule test -s default
+	molecule test -s edges
 
 test: deps venv lint unit fuzz sanity netns labtests molecule
 
