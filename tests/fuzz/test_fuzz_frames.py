@@ -59,10 +59,10 @@ def _mutate(rng: random.Random, seed: bytes) -> bytes:
         return bytes(f + rng.randbytes(rng.randrange(1, 9000 - len(f))))
     if op == 2:  # VLAN tags in the frame: 802.1Q, 802.1ad, stacked
         tags = b"".join(struct.pack("!HH", rng.choice((0x8100, 0x88A8, 0x9100)), rng.randrange(4096))
-                        for _ in range(rng.randrange(1, 3)))
+                        for _dummy in range(rng.randrange(1, 3)))
         return bytes(f[:12] + tags + f[12:])
     if op == 3:  # flipped bytes
-        for _ in range(rng.randrange(1, 8)):
+        for _dummy in range(rng.randrange(1, 8)):
             f[rng.randrange(len(f))] = rng.randrange(256)
         return bytes(f)
     if op == 4 and f[12:14] == b"\x86\xdd":  # NDP: option chains that loop or run off the end
@@ -71,14 +71,15 @@ def _mutate(rng: random.Random, seed: bytes) -> bytes:
         if kind == 0:
             opts = bytes([rng.randrange(256), 0]) + rng.randbytes(6)  # length 0: must stop the walk
         elif kind == 1:
-            opts = b"".join(bytes([rng.randrange(1, 3), 1]) + rng.randbytes(6) for _ in range(rng.randrange(1, 1100)))
+            opts = b"".join(bytes([rng.randrange(1, 3), 1]) + rng.randbytes(6)
+                            for _dummy in range(rng.randrange(1, 1100)))
         elif kind == 2:
             opts = bytes([1, 255]) + rng.randbytes(rng.randrange(0, 64))  # claims 2,040 bytes
         else:
             opts = rng.randbytes(rng.randrange(1, 600))
         return bytes(_fix_icmp6(bytearray(base + opts)))
     if op == 5 and f[12:14] == b"\x86\xdd":  # flipped bytes, checksum fixed
-        for _ in range(rng.randrange(1, 6)):
+        for _dummy in range(rng.randrange(1, 6)):
             f[rng.randrange(14, len(f))] = rng.randrange(256)
         return bytes(_fix_icmp6(f))
     if op == 6:  # header fields changed (hw/proto types and lengths, IPv6 version, hop limit)
@@ -106,7 +107,7 @@ def test_parsers_and_receive_path_survive_hostile_frames():
     iface = _Iface("eth0", 2, MY_MAC, sock, answer={VIP4, VIP6})  # type: ignore[arg-type]
     counts = {"arp": 0, "nd": 0, "answered": 0}
     t0 = time.monotonic()
-    for _ in range(FRAMES):
+    for _dummy in range(FRAMES):
         frame = _mutate(rng, rng.choice(seeds))
         a = arp.parse(frame)
         n = ndp.parse(frame)
@@ -114,10 +115,10 @@ def test_parsers_and_receive_path_survive_hostile_frames():
         counts["nd"] += n is not None
         if a is not None:
             arp.reply_to(a, MY_MAC)
-            _ = a.sender_ip, a.target_ip
+            assert a.sender_ip and a.target_ip
         if n is not None:
             ndp.reply_to(n, MY_MAC)
-            _ = n.target_ip
+            assert n.target_ip
         before = len(sock.sent)
         if frame[12:14] == b"\x08\x06":
             ann._on_arp(iface, frame)

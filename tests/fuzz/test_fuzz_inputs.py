@@ -28,7 +28,7 @@ GOOD_META = CODEC.encode({"zone": "a"}, {"prod/a"})
 
 # -- gossip metadata ------------------------------------------------------------------------------
 text = st.text(max_size=600)
-meta_values = st.one_of(text, st.just("["* 3000 + "]" * 3000), st.just('{"zone":' * 900 + "1" + "}" * 900),
+meta_values = st.one_of(text, st.just("[" * 3000 + "]" * 3000), st.just('{"zone":' * 900 + "1" + "}" * 900),
                         st.builds(lambda s: s * 40, st.sampled_from(["eJw", "AAAA", "%%", "\x00"])))
 
 

@@ -181,8 +181,11 @@ def test_daemon_resets_lowered_arp_sysctls_and_serves_metrics_on_the_management_
     assert f"{h.ipv4}:7472" in listen and "0.0.0.0:7472" not in listen and "*:7472" not in listen
     # a flood of idle connections to the metrics port costs no thread per socket
     pid = c.procs["n1"].pid
-    threads = lambda: int(next(line.split()[1] for line in open(f"/proc/{pid}/status")  # noqa: E731
-                               if line.startswith("Threads:")))
+
+    def threads() -> int:
+        with open(f"/proc/{pid}/status") as fh:
+            return int(next(line.split()[1] for line in fh if line.startswith("Threads:")))
+
     before = threads()
     code = (f"import socket, time\nss = []\nfor i in range(100):\n"
             f"    try:\n        ss.append(socket.create_connection(({h.ipv4!r}, 7472), timeout=2))\n"

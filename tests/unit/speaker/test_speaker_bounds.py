@@ -38,7 +38,7 @@ def _connect(path: str) -> socket.socket:
 def test_control_connections_are_bounded_and_silent_ones_dropped(control):
     srv, path = control
     base = threading.active_count()
-    idle = [_connect(path) for _ in range(24)]  # a flood of clients that send nothing
+    idle = [_connect(path) for _dummy in range(24)]  # a flood of clients that send nothing
     time.sleep(0.3)
     assert threading.active_count() <= base + 4 + 1, threading.active_count()
     assert srv.refused >= 15
@@ -95,7 +95,7 @@ def test_metrics_listener_caps_connections():
     try:
         base = threading.active_count()
         idle = []
-        for _ in range(30):
+        for _dummy in range(30):
             s = socket.create_connection(("127.0.0.1", port), timeout=5)
             idle.append(s)
         time.sleep(0.3)

@@ -39,6 +39,7 @@ def base(**over) -> dict:
     doc.update(over)
     return doc
 
+
 GOOD = yaml.safe_dump(base())
 
 HOSTILE: dict[str, bytes] = {

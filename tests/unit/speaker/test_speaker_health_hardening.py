@@ -16,7 +16,7 @@ CAP_NET_ADMIN, CAP_NET_RAW = 12, 13
 def _caps(status: str) -> dict[str, int]:
     out = {}
     for line in status.splitlines():
-        key, _, value = line.partition(":")
+        key, dummy, value = line.partition(":")
         if key in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
             out[key] = int(value.strip(), 16)
     return out
@@ -45,7 +45,7 @@ def test_exec_deadline_kills_the_whole_process_group(tmp_path):
     assert not ok and "timed out" in err
     assert took < 5.0, took
     pid = int(pidfile.read_text())
-    for _ in range(100):
+    for _dummy in range(100):
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
