@@ -55,11 +55,11 @@ molecule: deps venv
 
 test: deps venv lint unit fuzz sanity netns labtests molecule
 
-# Bounded fuzzing (issue 8): ARP/NDP frames, gossip metadata, control requests, config files; about 1.5 min.
+# Bounded fuzzing (issue 8): ARP/NDP frames, gossip metadata, control requests, config files; under 1.5 min.
 fuzz: venv
 	$(BIN)/pytest tests/fuzz -q -p no:cacheprovider
 
-# The long run (docs/fuzzing.md): 1,000,000 frames and 5,000 examples per input; about 15 min.
+# The long run (docs/fuzzing.md): 1,000,000 frames and 5,000 examples per input; about 35 min.
 fuzz-long: venv
 	FUZZ_FRAMES=1000000 FUZZ_EXAMPLES=5000 FUZZ_SEED=$${FUZZ_SEED:-$$RANDOM} $(BIN)/pytest tests/fuzz -q -s -p no:cacheprovider
 
