@@ -123,3 +123,21 @@ def test_holder_survives_an_unexpected_exception(tmp_path, monkeypatch):
     monkeypatch.setattr("nocloudlb.config.parse", boom)
     ok2, cfg2 = holder.reload()
     assert not ok2 and cfg2 is cfg and "surprise" in holder.errors[0]
+
+
+def test_key_file_that_is_not_utf8_is_refused_by_validate_and_reload(tmp_path):
+    key = tmp_path / "memberlist.key"
+    key.write_bytes(b"\xff\xfe not a key\n")
+    path = tmp_path / "config.yaml"
+    doc = base()
+    path.write_text(GOOD)
+    sp = Speaker(str(path))
+    ok, cfg = sp._load()
+    assert ok
+    sp.cfg = cfg
+    doc["memberlist"]["keyFile"] = str(key)
+    path.write_text(yaml.safe_dump(doc))
+    ok2, cfg2 = sp._load()  # raised UnicodeDecodeError before
+    assert not ok2 and cfg2 is cfg and "not base64 text" in sp.holder.errors[0]
+    ok3, errors = validate(str(path))
+    assert not ok3 and "not base64 text" in errors[0]
