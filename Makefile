@@ -13,7 +13,7 @@ APT_PACKAGES := debootstrap iproute2 iputils-ping arping tcpdump nftables curl n
 # by the monitoring tests when present; not installed here, as it starts a server.
 APT_PACKAGES += graphviz
 
-.PHONY: help deps venv lint unit sanity netns labtests molecule install-test docs-check test lab lab-down bench bench-failover bench-side-by-side build clean chaos chaos-short
+.PHONY: help deps venv lint unit fuzz fuzz-long sanity netns labtests molecule install-test docs-check test lab lab-down bench bench-failover bench-side-by-side build clean chaos chaos-short
 
 help:
 	@echo "make test   - install what is needed, then run lint, unit, sanity, namespace and molecule tests"
@@ -53,7 +53,7 @@ labtests: deps venv
 	$(BIN)/pytest tests/lab -q -p no:cacheprovider
 
 # One step per scenario, so the final table shows each one's time.
-SCENARIOS := lab default keepalived dataplane bgp
+SCENARIOS := lab default edges keepalived dataplane bgp
 molecule: $(addprefix molecule-,$(SCENARIOS))
 
 molecule-%: deps venv
@@ -73,9 +73,17 @@ docs-check: deps venv
 
 # Each step runs as `make STEP` through scripts/run-steps.py, which ends with a
 # table of what ran, passed and took how long (the steps' output streams as it comes).
-TEST_STEPS := lint docs-check unit sanity netns labtests install-test $(addprefix molecule-,$(SCENARIOS)) chaos-short
+TEST_STEPS := lint docs-check unit fuzz sanity netns labtests install-test $(addprefix molecule-,$(SCENARIOS)) chaos-short
 test: deps venv
 	$(PY) scripts/run-steps.py --title "make test" $(TEST_STEPS)
+
+# Bounded fuzzing (issue 8): ARP/NDP frames, gossip metadata, control requests, config files; under 1.5 min.
+fuzz: venv
+	$(BIN)/pytest tests/fuzz -q -p no:cacheprovider
+
+# The long run (docs/fuzzing.md): 1,000,000 frames and 5,000 examples per input; about 35 min.
+fuzz-long: venv
+	FUZZ_FRAMES=1000000 FUZZ_EXAMPLES=5000 FUZZ_SEED=$${FUZZ_SEED:-$$RANDOM} $(BIN)/pytest tests/fuzz -q -s -p no:cacheprovider
 
 # The lab of the default scenario (three nodes, two clients, a router), site.yml
 # deployed on it, then the scenario's verify: who answers ARP/NDP for each VIP,

@@ -6,7 +6,7 @@ Shape (YAML), see docs/speaker.md::
     memberlist: {bind: "198.51.100.11:7946", join: [...], keyFile: ..., profile: lan, probeInterval: 0.5}
     stateDir: /var/lib/nocloudlb
     socket: /run/nocloudlb/speaker.sock
-    metrics: {bind: "0.0.0.0:7472"}      # "" disables
+    metrics: {bind: "auto:7472"}         # auto = memberlist.bind's address; "" disables
     handover: {grace: 30}                # seconds in-flight connections follow a planned move; 0 = off
     logLevel: info
     resources: [ ...MetalLB documents... ]
@@ -21,6 +21,7 @@ import datetime as _dt
 import hashlib
 import ipaddress
 import json
+import math
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,8 +36,16 @@ from .membership import OVERRIDABLE, PROFILES
 DEFAULT_PATH = "/etc/nocloudlb/config.yaml"
 DEFAULT_STATE_DIR = "/var/lib/nocloudlb"
 DEFAULT_SOCKET = "/run/nocloudlb/speaker.sock"
-DEFAULT_METRICS = "0.0.0.0:7472"
+DEFAULT_METRICS = "auto:7472"  # "auto": the node's management (memberlist.bind) address; "" disables
 DEFAULT_HANDOVER_GRACE = 30.0  # seconds; l2/handover.py
+# Bounds on what a config file may be and on what its refusal may print (issue 8, section 3): a small
+# hostile file must never expand into millions of nodes, nor into megabytes of error text in the journal.
+MAX_BYTES = 16 << 20  # a 10,000-service config is about 3 MiB
+MAX_NODES = 2_000_000  # YAML nodes after expanding aliases (a "billion laughs" file is refused here)
+MAX_DEPTH = 64  # nested sequences/mappings
+MAX_ERRORS = 40  # errors reported; the rest are counted
+MAX_ERROR_LEN = 300  # characters per error
+MAX_ERROR_CHARS = MAX_ERRORS * (MAX_ERROR_LEN + 1) + 100  # the whole refusal, joined by newlines
 TOP_KEYS = {"node", "memberlist", "stateDir", "socket", "metrics", "handover", "logLevel", "resources"}
 
 
@@ -65,18 +74,54 @@ class SpeakerConfig:
     handover_grace: float = DEFAULT_HANDOVER_GRACE  # 0 turns it off
 
 
+def _printable(text: str) -> str:
+    """``text`` with every non-printable character escaped (no terminal escapes or newlines reach a log)."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def bound_errors(errors: list[str]) -> list[str]:
+    """At most MAX_ERRORS errors of at most MAX_ERROR_LEN printable characters each, whatever came in."""
+    out = []
+    for err in errors[:MAX_ERRORS]:
+        text = _printable(str(err)[: MAX_ERROR_LEN * 4])
+        if len(text) > MAX_ERROR_LEN:
+            text = text[: MAX_ERROR_LEN - 20] + f"... ({len(str(err)) - MAX_ERROR_LEN + 20} more chars)"
+        out.append(text)
+    if len(errors) > MAX_ERRORS:
+        out.append(f"... and {len(errors) - MAX_ERRORS} more errors")
+    return out
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    """A repr of ``value`` cut to ``limit`` characters (values from a hostile file can be huge)."""
+    try:
+        text = repr(value)
+    except RecursionError:
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _name_problem(where: str, value: str) -> str | None:
+    """Names and labels travel in gossip and logs: printable characters, no whitespace other than spaces."""
+    if not value.isprintable():
+        return f"{where}: {_short(value)} holds control characters"
+    return None
+
+
 def _addr_problem(where: str, value: Any) -> str | None:
     if not isinstance(value, str) or ":" not in value:
-        return f"{where}: {value!r} is not \"host:port\""
+        return f"{where}: {_short(value)} is not \"host:port\""
     host, dummy, port = value.rpartition(":")
     if not port.isdigit() or not 0 < int(port) < 65536:
-        return f"{where}: {value!r} has no valid port (1-65535)"
+        return f"{where}: {_short(value)} has no valid port (1-65535)"
     host = host.strip("[]")
     try:
         ipaddress.ip_address(host)
     except ValueError:
         if not host or " " in host:
-            return f"{where}: {value!r} has no valid host"
+            return f"{where}: {_short(value)} has no valid host"
     return None
 
 
@@ -93,29 +138,35 @@ def parse(data: Any, path: str = "") -> SpeakerConfig:
     if not isinstance(data, dict):
         raise ConfigError([f"config{' ' + path if path else ''}: expected a mapping at the top, "
                            f"got {type(data).__name__}"])
-    for key in sorted(set(data) - TOP_KEYS):
-        errors.append(f"config: unknown key {key!r} (known: {', '.join(sorted(TOP_KEYS))})")
+    for key in sorted(set(data) - TOP_KEYS, key=repr):
+        errors.append(f"config: unknown key {_short(key)} (known: {', '.join(sorted(TOP_KEYS))})")
 
     node = data.get("node")
     name: Any = ""
     labels: dict[str, str] = {}
     if not isinstance(node, dict):
-        errors.append(f"node: must be a mapping with a name, got {node!r}")
+        errors.append(f"node: must be a mapping with a name, got {_short(node)}")
     else:
         name = node.get("name")
         if not isinstance(name, str) or not name or len(name.encode()) > 64:
-            errors.append(f"node.name: {name!r} must be a non-empty string of at most 64 bytes")
+            errors.append(f"node.name: {_short(name)} must be a non-empty string of at most 64 bytes")
+            name = ""
+        elif problem := _name_problem("node.name", name):
+            errors.append(problem)
             name = ""
         raw_labels = node.get("labels")
         raw_labels = {} if raw_labels is None else raw_labels
         if not isinstance(raw_labels, dict):
-            errors.append(f"node.labels: must be a mapping, got {raw_labels!r}")
+            errors.append(f"node.labels: must be a mapping, got {_short(raw_labels)}")
         else:
             for k, v in raw_labels.items():
                 if not isinstance(k, str) or not k:
-                    errors.append(f"node.labels: key {k!r} must be a non-empty string")
+                    errors.append(f"node.labels: key {_short(k)} must be a non-empty string")
                 elif v is not None and not isinstance(v, str | int | float | bool):
-                    errors.append(f"node.labels.{k}: value {v!r} must be a string")
+                    errors.append(f"node.labels.{_short(k)}: value {_short(v)} must be a string")
+                elif problem := (_name_problem(f"node.labels: key {_short(k)}", k)
+                                 or _name_problem(f"node.labels.{_short(k)}", "" if v is None else str(v))):
+                    errors.append(problem)
                 else:
                     labels[k] = "" if v is None else str(v)
 
@@ -126,7 +177,7 @@ def parse(data: Any, path: str = "") -> SpeakerConfig:
     profile: Any = "lan"
     overrides: dict[str, Any] = {}
     if not isinstance(ml, dict):
-        errors.append(f"memberlist: must be a mapping with bind and join, got {ml!r}")
+        errors.append(f"memberlist: must be a mapping with bind and join, got {_short(ml)}")
     else:
         bind = ml.get("bind")
         problem = _addr_problem("memberlist.bind", bind)
@@ -135,7 +186,7 @@ def parse(data: Any, path: str = "") -> SpeakerConfig:
         raw_join = ml.get("join")
         raw_join = [] if raw_join is None else raw_join
         if not isinstance(raw_join, list):
-            errors.append(f"memberlist.join: must be a list of \"host:port\", got {raw_join!r}")
+            errors.append(f"memberlist.join: must be a list of \"host:port\", got {_short(raw_join)}")
         else:
             for i, item in enumerate(raw_join):
                 problem = _addr_problem(f"memberlist.join[{i}]", item)
@@ -145,15 +196,21 @@ def parse(data: Any, path: str = "") -> SpeakerConfig:
                     join.append(item)
         key_file = ml.get("keyFile")
         if key_file is not None and (not isinstance(key_file, str) or not key_file):
-            errors.append(f"memberlist.keyFile: {key_file!r} must be a file path")
+            errors.append(f"memberlist.keyFile: {_short(key_file)} must be a file path")
         profile = ml.get("profile", "lan")
         if profile not in PROFILES:
-            errors.append(f"memberlist.profile: {profile!r} is not one of {', '.join(sorted(PROFILES))}")
+            errors.append(f"memberlist.profile: {_short(profile)} is not one of {', '.join(sorted(PROFILES))}")
         for key, value in ml.items():
             if key in ("bind", "join", "keyFile", "profile"):
                 continue
             if key not in OVERRIDABLE:
-                errors.append(f"memberlist: unknown key {key!r} (timing fields: {', '.join(sorted(OVERRIDABLE))})")
+                errors.append(f"memberlist: unknown key {_short(key)} "
+                              f"(timing fields: {', '.join(sorted(OVERRIDABLE))})")
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
+                    or not 0 <= value <= 1e6:
+                # kinship raises TypeError (not ValueError) for a list, and takes NaN: refuse here, naming the field
+                errors.append(f"memberlist.{key}: {_short(value)} must be a finite number from 0 to 1000000")
                 continue
             overrides[OVERRIDABLE[key]] = value
         if profile in PROFILES and not errors:
@@ -161,13 +218,13 @@ def parse(data: Any, path: str = "") -> SpeakerConfig:
                 from .membership import MembershipSettings
 
                 MembershipSettings(name or "x", bind, join, None, profile, overrides).kinship_config()
-            except ValueError as exc:
+            except (ValueError, TypeError, OverflowError) as exc:
                 errors.append(f"memberlist: {exc}")
 
     def _str(key: str, default: str) -> str:
         value = data.get(key, default)
         if not isinstance(value, str) or not value:
-            errors.append(f"{key}: {value!r} must be a non-empty string")
+            errors.append(f"{key}: {_short(value)} must be a non-empty string")
             return default
         return value
 
@@ -175,26 +232,29 @@ def parse(data: Any, path: str = "") -> SpeakerConfig:
     sock = _str("socket", DEFAULT_SOCKET)
     log_level = _str("logLevel", "info")
     if log_level.lower() not in ("debug", "info", "warning", "error"):
-        errors.append(f"logLevel: {log_level!r} is not one of debug, info, warning, error")
+        errors.append(f"logLevel: {_short(log_level)} is not one of debug, info, warning, error")
     metrics = data.get("metrics") or {}
     metrics_bind = DEFAULT_METRICS
     if not isinstance(metrics, dict):
-        errors.append(f"metrics: must be a mapping like {{bind: \"0.0.0.0:7472\"}}, got {metrics!r}")
+        errors.append(f"metrics: must be a mapping like {{bind: \"auto:7472\"}}, got {_short(metrics)}")
     else:
         metrics_bind = metrics.get("bind", DEFAULT_METRICS)
         if metrics_bind != "":
             problem = _addr_problem("metrics.bind", metrics_bind)
             if problem:
                 errors.append(problem)
+            elif isinstance(bind, str) and metrics_bind.rpartition(":")[0] == "auto":
+                # the node's management address (the gossip bind), never every address: VIPs are local too
+                metrics_bind = f"{bind.rpartition(':')[0]}:{metrics_bind.rpartition(':')[2]}"
 
     handover = data.get("handover") or {}
     handover_grace = DEFAULT_HANDOVER_GRACE
     if not isinstance(handover, dict) or set(handover) - {"grace"}:
-        errors.append(f"handover: must be a mapping like {{grace: 30}}, got {handover!r}")
+        errors.append(f"handover: must be a mapping like {{grace: 30}}, got {_short(handover)}")
     else:
         grace = handover.get("grace", DEFAULT_HANDOVER_GRACE)
         if isinstance(grace, bool) or not isinstance(grace, (int, float)) or not 0 <= grace <= 3600:
-            errors.append(f"handover.grace: {grace!r} must be a number of seconds from 0 (off) to 3600")
+            errors.append(f"handover.grace: {_short(grace)} must be a number of seconds from 0 (off) to 3600")
         else:
             handover_grace = float(grace)
 
@@ -218,19 +278,88 @@ def parse(data: Any, path: str = "") -> SpeakerConfig:
     )
 
 
-def load(path: str | Path) -> SpeakerConfig:
-    """Read and check ``path``; raise ConfigError naming every problem."""
+def check_yaml_shape(text: str, where: str) -> None:
+    """Refuse, before building any object, YAML that nests deeper than MAX_DEPTH, whose aliases refer to
+    themselves (a recursive anchor), or that expands to more than MAX_NODES nodes (exponential anchors).
+
+    Walks PyYAML's event stream (no recursion, linear in the text): each anchor's expanded size is
+    known when its node ends, and an alias adds that size to the count.
+    """
+    sizes: dict[str, int] = {}
+    open_anchors: set[str] = set()
+    stack: list[tuple[str | None, int]] = []
+    count = 0
+    for ev in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(ev, yaml.AliasEvent):
+            if ev.anchor in open_anchors:
+                raise ConfigError([f"config {where}: recursive YAML anchor &{_short(ev.anchor, 40)} "
+                                   f"refers to itself ({_mark(ev)})"])
+            count += sizes.get(ev.anchor, 1)
+        elif isinstance(ev, yaml.ScalarEvent):
+            count += 1
+            if ev.anchor is not None:
+                sizes[ev.anchor] = 1
+        elif isinstance(ev, yaml.CollectionStartEvent):
+            count += 1
+            stack.append((ev.anchor, count))
+            if ev.anchor is not None:
+                open_anchors.add(ev.anchor)
+            if len(stack) > MAX_DEPTH:
+                raise ConfigError([f"config {where}: nested deeper than {MAX_DEPTH} levels ({_mark(ev)})"])
+        elif isinstance(ev, yaml.CollectionEndEvent) and stack:
+            anchor, start = stack.pop()
+            if anchor is not None:
+                open_anchors.discard(anchor)
+                sizes[anchor] = count - start + 1
+        if count > MAX_NODES:
+            raise ConfigError([f"config {where}: expands to more than {MAX_NODES} YAML nodes "
+                               f"(aliases of aliases?) ({_mark(ev)})"])
+
+
+def _mark(ev: Any) -> str:
+    mark = getattr(ev, "start_mark", None)
+    return f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "?"
+
+
+def _load(path: str | Path) -> SpeakerConfig:
     try:
-        text = Path(path).read_text()
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_BYTES + 1)
     except OSError as exc:
         raise ConfigError([f"config {path}: cannot read: {exc.strerror or exc}"]) from exc
+    if len(raw) > MAX_BYTES:
+        raise ConfigError([f"config {path}: larger than {MAX_BYTES >> 20} MiB"])
     try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise ConfigError([f"config {path}: not UTF-8 text: byte {raw[exc.start]:#04x} at offset {exc.start} "
+                           f"(line {line})"]) from None
+    try:
+        check_yaml_shape(text, str(path))
         docs = list(yaml.safe_load_all(text))
     except yaml.YAMLError as exc:
         raise ConfigError([f"config {path}: not valid YAML: {exc}"]) from exc
     if len(docs) != 1:
         raise ConfigError([f"config {path}: expected one YAML document, found {len(docs)}"])
     return parse(docs[0], str(path))
+
+
+def load(path: str | Path) -> SpeakerConfig:
+    """Read and check ``path``; raise ConfigError naming every problem, and nothing else.
+
+    Whatever the file holds (any bytes, any YAML), the only exception is ConfigError, with at
+    most MAX_ERRORS printable errors of bounded length: ``nocloudlb validate`` and a reload
+    therefore refuse the same files, and a reload keeps the last good config.
+    """
+    try:
+        return _load(path)
+    except ConfigError as exc:
+        raise ConfigError(bound_errors(exc.errors)) from None
+    except RecursionError:
+        raise ConfigError([f"config {path}: nested too deeply to read"]) from None
+    except Exception as exc:  # noqa: BLE001 - the barrier: a bug on a strange file must not escape a reload
+        raise ConfigError(bound_errors([f"config {path}: cannot be read: {type(exc).__name__}: {exc}"])) from None
 
 
 class ConfigHolder:
@@ -253,6 +382,9 @@ class ConfigHolder:
                 cfg = load(self.path)
             except ConfigError as exc:
                 self.state, self.errors = "error", list(exc.errors)
+                return False, self.current
+            except Exception as exc:  # noqa: BLE001 - load raises ConfigError only; belt and braces
+                self.state, self.errors = "error", bound_errors([f"config {self.path}: {type(exc).__name__}: {exc}"])
                 return False, self.current
             self.current, self.state, self.errors = cfg, "ok", []
             self.last_good_at = self.loaded_at

@@ -2,6 +2,14 @@
 
 Requests: ``{"cmd": "status"}``, ``{"cmd": "label", "set": {...}}`` / ``{"cmd": "label", "unset": [...]}``,
 ``{"cmd": "reload"}``, ``{"cmd": "keys"}``. Errors answer ``{"ok": false, "error": "..."}``.
+
+Bounds (issue 8, defect 16): at most MAX_CONNECTIONS connections are served at once (one more is
+answered ``busy`` and closed, so a flood costs no thread per socket); a connection that sends
+nothing for READ_TIMEOUT seconds is closed; a request line is at most MAX_LINE bytes (a longer one
+is refused and the connection closed); JSON nested too deeply is a bad request, never a crash.
+
+Who may connect is decided by the socket's mode (0660) and group: the daemon's group, which is not
+the group that may read the gossip key (the speaker role gives the key file a group of its own).
 """
 
 from __future__ import annotations
@@ -18,11 +26,18 @@ from pathlib import Path
 
 Handler = Callable[[dict], dict]
 MAX_LINE = 1 << 20
+MAX_CONNECTIONS = 16
+READ_TIMEOUT = 10.0  # seconds of silence before a connection is closed
+MAX_ERROR = 300  # characters of a request's error echoed back
 
 
 class ControlServer:
-    def __init__(self, path: str, handler: Handler, logger: logging.Logger | None = None, mode: int = 0o660) -> None:
+    def __init__(self, path: str, handler: Handler, logger: logging.Logger | None = None, mode: int = 0o660,
+                 max_connections: int = MAX_CONNECTIONS, read_timeout: float = READ_TIMEOUT) -> None:
         self.path = path
+        self.slots = threading.BoundedSemaphore(max_connections)
+        self.read_timeout = read_timeout
+        self.refused = 0  # connections turned away because every slot was taken
         self.handler = handler
         self.log = logger or logging.getLogger("nocloudlb.control")
         self.mode = mode
@@ -41,10 +56,26 @@ class ControlServer:
         outer = self
 
         class _Handler(socketserver.StreamRequestHandler):
+            timeout = outer.read_timeout  # socket timeout: a silent client is dropped, never waited for
+
+            def _send(self, resp: dict) -> bool:
+                try:
+                    self.wfile.write(json.dumps(resp, default=str).encode() + b"\n")
+                    self.wfile.flush()
+                    return True
+                except (OSError, ValueError):
+                    return False
+
             def handle(self) -> None:
                 while True:
-                    line = self.rfile.readline(MAX_LINE)
+                    try:
+                        line = self.rfile.readline(MAX_LINE + 1)
+                    except (OSError, ValueError):  # timeout, reset
+                        return
                     if not line:
+                        return
+                    if len(line) > MAX_LINE:
+                        self._send({"ok": False, "error": f"bad request: longer than {MAX_LINE} bytes"})
                         return
                     line = line.strip()
                     if not line:
@@ -54,19 +85,41 @@ class ControlServer:
                         if not isinstance(req, dict):
                             raise ValueError("a request is a JSON object")
                         resp = outer.handler(req)
+                    except RecursionError:
+                        resp = {"ok": False, "error": "bad request: nested too deeply"}
                     except ValueError as exc:
-                        resp = {"ok": False, "error": f"bad request: {exc}"}
+                        resp = {"ok": False, "error": f"bad request: {str(exc)[:MAX_ERROR]}"}
                     except Exception as exc:  # report, never kill the server
                         outer.log.exception("control request failed")
-                        resp = {"ok": False, "error": f"internal error: {exc}"}
-                    try:
-                        self.wfile.write(json.dumps(resp, default=str).encode() + b"\n")
-                        self.wfile.flush()
-                    except OSError:
+                        resp = {"ok": False, "error": f"internal error: {str(exc)[:MAX_ERROR]}"}
+                    if not self._send(resp):
                         return
 
         class _Server(socketserver.ThreadingUnixStreamServer):
             daemon_threads = True
+            request_queue_size = 32
+
+            def process_request(self, request, client_address):
+                if not outer.slots.acquire(blocking=False):
+                    outer.refused += 1
+                    try:
+                        request.settimeout(0.2)
+                        request.sendall(b'{"ok": false, "error": "busy: too many control connections"}\n')
+                    except OSError:
+                        pass
+                    self.shutdown_request(request)
+                    return
+                try:
+                    super().process_request(request, client_address)
+                except BaseException:
+                    outer.slots.release()
+                    raise
+
+            def process_request_thread(self, request, client_address):
+                try:
+                    super().process_request_thread(request, client_address)
+                finally:
+                    outer.slots.release()
 
         old = os.umask(0o117)
         try:

@@ -678,6 +678,7 @@ class Speaker:
                            "keyIds": ml.key_ids() if ml else [],
                            "encrypted": bool(ml and ml.settings.keys)},
             "health": self.health.status() if self.health else {},
+            "arpSysctls": getattr(self._delivery, "sysctl_status", dict)(),  # edges (issue 8 defect 8)
             "time": now_iso(),
             "metricsBind": cfg.metrics_bind if cfg else "",  # firsthour: `nocloudlb status --cluster` asks members here
         }

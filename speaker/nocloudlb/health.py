@@ -10,12 +10,26 @@ Every check has ``interval`` (s, default 2), ``timeout`` (s, default 1), ``rise`
 passes to become healthy, default 2) and ``fall`` (consecutive failures to become unhealthy,
 default 3). The first result decides at once, so a node does not wait rise*interval at
 start. A Local-policy service without a check counts as healthy on every node.
+
+Hardening (issue 8, defect 10):
+
+- an ``exec`` check runs in its own session (process group) without CAP_NET_ADMIN and
+  CAP_NET_RAW (dropped from the ambient and bounding sets in the child, with no_new_privs),
+  its output discarded; at its deadline the whole group is killed (SIGKILL), so a check
+  that forks a straggler neither hangs nor lingers;
+- a result older than ``stale_after`` (2 intervals + timeout + 2 s) counts as unhealthy:
+  a check that stopped running (a stuck worker) never freezes health at its last value;
+- intervals must be finite and at least MIN_INTERVAL, timeouts at least MIN_TIMEOUT.
 """
 
 from __future__ import annotations
 
+import ctypes
 import heapq
 import logging
+import math
+import os
+import signal
 import socket
 import ssl
 import subprocess
@@ -31,6 +45,67 @@ from typing import Any
 from .logs import event
 
 DEFAULTS = {"interval": 2.0, "timeout": 1.0, "rise": 2, "fall": 3}
+MIN_INTERVAL = 0.1  # seconds; a smaller one is a typo that would burn a core
+MAX_INTERVAL = 86400.0
+MIN_TIMEOUT = 0.01
+CAP_NET_ADMIN, CAP_NET_RAW = 12, 13
+_PR_CAPBSET_DROP, _PR_SET_NO_NEW_PRIVS, _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 24, 38, 47, 4
+
+_prctl: Any
+try:
+    _prctl = ctypes.CDLL(None, use_errno=True).prctl
+except (OSError, AttributeError):  # pragma: no cover - not Linux
+    _prctl = None
+
+
+def drop_privileges() -> None:
+    """In an exec check's child, before exec: no ambient capabilities (what a non-root daemon's child
+    would inherit), CAP_NET_ADMIN and CAP_NET_RAW out of the bounding set (what a root child would get
+    back at exec; needs CAP_SETPCAP, which a non-root daemon lacks and does not need), no_new_privs."""
+    if _prctl is None:
+        return
+    _prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    for cap in (CAP_NET_ADMIN, CAP_NET_RAW):
+        _prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0)  # EPERM without CAP_SETPCAP: the ambient clear covers it
+    _prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+
+
+def run_exec(command: list[str] | tuple[str, ...], timeout: float) -> tuple[bool, str]:
+    """Run ``command`` without network capabilities, in its own process group, killed at ``timeout``."""
+    proc = subprocess.Popen(list(command), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True,
+                            preexec_fn=drop_privileges)  # noqa: PLW1509 - prctl only, prepared in the parent
+    try:
+        code = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+        return False, f"timed out after {timeout:g}s (process group killed)"
+    finally:
+        if proc.returncode is not None:
+            try:  # stragglers left in the group by a check that exited
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+    return code == 0, "" if code == 0 else f"exit status {code}"
+
+
+def _seconds(where: str, name: str, value: Any, default: float, low: float) -> float:
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ValueError(f"{where}: health check {name} {value!r:.60} must be a number of seconds")
+    try:
+        v = float(value)
+    except (ValueError, OverflowError):
+        raise ValueError(f"{where}: health check {name} {value!r:.60} must be a number of seconds") from None
+    if not math.isfinite(v) or not low <= v <= MAX_INTERVAL:
+        raise ValueError(f"{where}: health check {name} {v!r} must be a finite number of seconds "
+                         f"from {low:g} to {MAX_INTERVAL:g}")
+    return v
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
@@ -54,14 +129,29 @@ class CheckSpec:
 
     @classmethod
     def from_dict(cls, where: str, raw: dict[str, Any]) -> CheckSpec:
+        if not isinstance(raw, dict):
+            raise ValueError(f"{where}: a health check is a mapping, got {type(raw).__name__}")
         kind = str(raw.get("type") or "")
         if kind not in ("tcp", "http", "https", "exec"):
-            raise ValueError(f"{where}: health check type {kind!r} is not one of tcp, http, https, exec")
-        spec = cls(kind=kind, interval=float(raw.get("interval") or DEFAULTS["interval"]),
-                   timeout=float(raw.get("timeout") or DEFAULTS["timeout"]),
-                   rise=int(raw.get("rise") or DEFAULTS["rise"]), fall=int(raw.get("fall") or DEFAULTS["fall"]),
-                   host=str(raw.get("host") or "127.0.0.1"), port=raw.get("port"), path=str(raw.get("path") or "/"),
-                   command=tuple(raw.get("command") or ()))
+            raise ValueError(f"{where}: health check type {kind!r:.40} is not one of tcp, http, https, exec")
+        interval = _seconds(where, "interval", raw.get("interval"), DEFAULTS["interval"], MIN_INTERVAL)
+        timeout = _seconds(where, "timeout", raw.get("timeout"), DEFAULTS["timeout"], MIN_TIMEOUT)
+        counts = {}
+        for name in ("rise", "fall"):
+            v = raw.get(name)
+            v = DEFAULTS[name] if v is None else v
+            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 1000:
+                raise ValueError(f"{where}: health check {name} {v!r:.40} must be an integer from 1 to 1000")
+            counts[name] = v
+        port = raw.get("port")
+        if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536):
+            raise ValueError(f"{where}: health check port {port!r:.40} must be in 1-65535")
+        command = raw.get("command") or ()
+        if not isinstance(command, list | tuple) or not all(isinstance(c, str) for c in command):
+            raise ValueError(f"{where}: health check command must be a list of strings")
+        spec = cls(kind=kind, interval=interval, timeout=timeout, rise=counts["rise"], fall=counts["fall"],
+                   host=str(raw.get("host") or "127.0.0.1"), port=port, path=str(raw.get("path") or "/"),
+                   command=tuple(command))
         if kind != "exec" and spec.port is None:
             raise ValueError(f"{where}: a {kind} health check needs a port")
         if kind == "exec" and not spec.command:
@@ -87,11 +177,10 @@ class CheckSpec:
                     code = exc.code
                 ok = 200 <= code < 400
                 return ok, "" if ok else f"HTTP status {code} from {url}"
-            proc = subprocess.run(list(self.command), capture_output=True, timeout=self.timeout, check=False)
-            return proc.returncode == 0, "" if proc.returncode == 0 else f"exit status {proc.returncode}"
+            return run_exec(self.command, self.timeout)
         except subprocess.TimeoutExpired:
             return False, f"timed out after {self.timeout:g}s"
-        except (OSError, urllib.error.URLError, ValueError) as exc:
+        except (OSError, urllib.error.URLError, ValueError, subprocess.SubprocessError) as exc:
             return False, str(getattr(exc, "reason", None) or exc)
 
 
@@ -145,22 +234,36 @@ class HealthChecker:
                 prev = old.get(key)
                 st = CheckState(key, spec)
                 if prev is not None and prev.spec == spec:
-                    st.healthy, st.passes, st.failures, st.last_error = (prev.healthy, prev.passes, prev.failures,
-                                                                         prev.last_error)
+                    st.healthy, st.passes, st.failures, st.last_error, st.last_run = (
+                        prev.healthy, prev.passes, prev.failures, prev.last_error, prev.last_run)
                 self._checks[key] = st
                 heapq.heappush(self._heap, (now, key, self._gen))
             self._wake.notify()
 
+    @staticmethod
+    def stale_after(spec: CheckSpec) -> float:
+        """Seconds after which a result no longer counts: two missed runs, the timeout and a margin."""
+        return 2 * spec.interval + spec.timeout + 2.0
+
+    def _stale(self, st: CheckState, now: float) -> bool:
+        return st.healthy is not None and now - st.last_run > self.stale_after(st.spec)
+
     def healthy(self) -> set[str]:
+        """Services whose check passes now; a stale result (the check stopped reporting) does not count."""
+        now = time.monotonic()
         with self._lock:
-            return set(self._always) | {k for k, s in self._checks.items() if s.healthy}
+            return set(self._always) | {k for k, s in self._checks.items() if s.healthy and not self._stale(s, now)}
 
     def status(self) -> dict[str, dict]:
+        now = time.monotonic()
         with self._lock:
             out: dict[str, dict[str, Any]] = {k: {"healthy": True, "check": None} for k in self._always}
             for k, s in self._checks.items():
-                out[k] = {"healthy": bool(s.healthy), "check": s.spec.kind, "error": s.last_error,
-                          "passes": s.passes, "failures": s.failures}
+                stale = self._stale(s, now)
+                out[k] = {"healthy": bool(s.healthy) and not stale, "check": s.spec.kind,
+                          "error": "result is stale: the check has not reported for "
+                                   f"{now - s.last_run:.1f}s" if stale else s.last_error,
+                          "stale": stale, "passes": s.passes, "failures": s.failures}
             return out
 
     def stop(self) -> None:

@@ -109,6 +109,8 @@ def read_key_file(path: str | Path) -> list[str]:
         text = Path(path).read_text()
     except OSError as exc:
         raise KeyFileError(f"memberlist.keyFile: cannot read {path}: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError:  # edges (issue 8 fuzz): escaped validate and reload
+        raise KeyFileError(f"memberlist.keyFile: {path} is not base64 text (not UTF-8)") from None
     keys: list[str] = []
     for lineno, line in enumerate(text.splitlines(), 1):
         line = line.strip()

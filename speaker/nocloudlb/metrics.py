@@ -10,15 +10,23 @@ the default registry; this module adds, read from the daemon at scrape time:
 - ``nocloudlb_memberlist_<counter>_total`` kinship's protocol counters (probes, suspicions,
   decrypt failures, ...) and ``nocloudlb_memberlist_local_health``
 - ``nocloudlb_layer2_conflicts_current`` addresses another MAC answers for
+
+The listener binds the node's management address by default (``metrics.bind: auto:7472``, "auto"
+being memberlist.bind's host), not 0.0.0.0, so /metrics is not reachable through every VIP; it
+serves at most MAX_CONNECTIONS scrapes at once, with a read timeout.
 """
 
 from __future__ import annotations
 
+import socket
+import threading
 from collections.abc import Callable, Iterator
+from http.server import ThreadingHTTPServer
 from typing import Any
 
-from prometheus_client import REGISTRY, CollectorRegistry, start_http_server
+from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.exposition import MetricsHandler
 from prometheus_client.registry import Collector
 
 Snapshot = Callable[[], dict[str, Any]]
@@ -58,11 +66,53 @@ class SpeakerCollector(Collector):
                                 value=snap.get("conflicts", 0))
 
 
-def serve(bind: str, snapshot: Snapshot, registry: CollectorRegistry = REGISTRY) -> Any:
-    """Register the collector and serve /metrics on ``bind`` ("host:port"); returns the server."""
+MAX_CONNECTIONS = 8  # concurrent scrapes; more are closed at once (a scraper needs one)
+REQUEST_TIMEOUT = 5.0  # seconds a client may take to send its request
+
+
+class BoundedMetricsServer(ThreadingHTTPServer):
+    """/metrics over HTTP with at most ``max_connections`` handler threads and a read timeout: a flood of
+    connections (the port is reachable from wherever the bind address is) costs no thread per socket."""
+
+    daemon_threads = True
+    request_queue_size = 16
+
+    def __init__(self, addr: tuple[str, int], handler: type, max_connections: int = MAX_CONNECTIONS) -> None:
+        self.slots = threading.BoundedSemaphore(max_connections)
+        self.refused = 0
+        if ":" in addr[0]:
+            self.address_family = socket.AF_INET6
+        super().__init__(addr, handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self.slots.acquire(blocking=False):
+            self.refused += 1
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
+
+
+def serve(bind: str, snapshot: Snapshot, registry: CollectorRegistry = REGISTRY,
+          max_connections: int = MAX_CONNECTIONS) -> Any:
+    """Register the collector and serve /metrics on ``bind`` ("host:port"); returns the server (``shutdown()``)."""
     registry.register(SpeakerCollector(snapshot))
     if not bind:
         return None
     host, dummy, port = bind.rpartition(":")
-    server, dummy_thread = start_http_server(int(port), addr=host.strip("[]") or "0.0.0.0", registry=registry)
+    handler = type("_Handler", (MetricsHandler.factory(registry),), {"timeout": REQUEST_TIMEOUT,
+                                                                     "log_message": lambda *a, **k: None})
+    server = BoundedMetricsServer((host.strip("[]") or "0.0.0.0", int(port)), handler, max_connections)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, name="metrics",
+                              daemon=True)
+    thread.start()
     return server

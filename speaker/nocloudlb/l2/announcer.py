@@ -289,7 +289,7 @@ class L2Announcer:
     def _resolve(self, vip: _Vip) -> list[str]:
         if not vip.wanted:
             return list(self._eligible)
-        return [n for n in vip.wanted if n in self._info and self._info[n].up]
+        return [n for n in vip.wanted if n in self._info and self._info[n].announceable]  # edges (issue 8 defect 3)
 
     def _schedule(self, due: float, action: str, vip: _Vip, arg: tuple = ()) -> None:
         self._seq += 1
@@ -424,10 +424,11 @@ class L2Announcer:
             self.log.warning("interfaceScanFailed", extra={"event": "interfaceScanFailed", "error": str(exc)})
             return
         self._info = info
-        self._eligible = sorted(n for n, i in info.items() if i.up and not EXCLUDED.match(n))
+        # edges (issue 8 defect 3): announceable = up and not a bridge port/bond slave/tap/NOARP
+        self._eligible = sorted(n for n, i in info.items() if i.announceable and not EXCLUDED.match(n))
         needed = set(self._eligible)
         for vip in self._vips.values():
-            needed.update(n for n in vip.wanted if n in info and info[n].up)
+            needed.update(n for n in vip.wanted if n in info and info[n].announceable)
         for name in list(self._ifaces):
             cur = self._ifaces[name]
             i = info.get(name)

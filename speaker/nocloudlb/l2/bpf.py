@@ -1,11 +1,14 @@
 """Raw AF_PACKET sockets with a classic BPF filter, so only ARP and NDP frames reach Python.
 
 The filter is a handful of hand-written classic BPF instructions, equivalent to the tcpdump
-expression ``not outbound and ((arp and arp[0:2] == 1) or (icmp6 and (ip6[40] == 135 or
+expression ``not outbound and not vlan and ((arp and arp[0:2] == 1) or (icmp6 and (ip6[40] == 135 or
 ip6[40] == 136)))``, assembled from labels by :func:`assemble` instead of generated at build time:
 
     ld   #pkttype                ancillary load: the kernel's PACKET_* type of the frame
     jeq  #PACKET_OUTGOING -> drop       our own (and the kernel's) transmitted frames
+    ld   #vlan_tag_present       ancillary load: the frame carried an 802.1Q/802.1ad tag, which the
+    jeq  #0 -> next, else drop          kernel moved out of the frame (skb_vlan_untag, hardware or not):
+                                        a tagged request is never answered on the untagged parent
     ldh  [12]                    Ethernet type
     jeq  #0x0806 -> next, else ipv6
     ldh  [14]                    ARP hardware type must be Ethernet (1)
@@ -49,6 +52,7 @@ BPF_JEQ = 0x10
 BPF_K = 0x00
 SKF_AD_OFF = -0x1000
 SKF_AD_PKTTYPE = 4
+SKF_AD_VLAN_TAG_PRESENT = 48
 
 
 Insn = tuple[int, int, int, int]
@@ -94,6 +98,8 @@ def assemble(source: list[tuple]) -> list[Insn]:
 ARP_NDP_PROGRAM: tuple[Insn, ...] = tuple(assemble([
     (LDW, SKF_AD_OFF + SKF_AD_PKTTYPE),
     (JEQ, PACKET_OUTGOING, "drop", None),
+    (LDW, SKF_AD_OFF + SKF_AD_VLAN_TAG_PRESENT),
+    (JEQ, 0, None, "drop"),
     (LDH, 12),
     (JEQ, ETH_P_ARP, None, "ipv6"),
     (LDH, 14),

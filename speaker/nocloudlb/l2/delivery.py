@@ -11,16 +11,26 @@ IPv6 needs no switch: Linux answers a Neighbor Solicitation only for an address 
 interface it arrived on (unless proxy_ndp has an entry for it), so a /128 on ``lo`` gets
 no NA from the kernel. Failover moves no address: every candidate holds all of them.
 
+The sysctls are checked again on every reconcile (``verify_host``, cheap: two reads of
+/proc/sys): if something lowered them (a sysctl reload, a network manager, an operator),
+they are set back at once, logged as ``arpSysctlReset``, counted in
+``nocloudlb_arp_sysctl_resets_total``, shown in ``nocloudlb_arp_sysctl_ok_bool`` and in the
+status (``sysctl_status``). A stricter value (``arp_ignore=2`` or ``8``) is never lowered.
+
 Addresses this module adds are recorded in a state file (and IPv4 ones carry the label
 ``lo:nocloudlb``), so ``sync_lo_vips`` only ever removes addresses it added itself.
 """
 
 from __future__ import annotations
 
+import datetime as _dt
 import ipaddress
 import json
+import logging
 import os
+import threading
 from pathlib import Path
+from typing import Any
 
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
@@ -53,8 +63,8 @@ def prepare_host(sysctls: dict[str, str] | None = None, root: str = "/proc/sys")
     for key, want in (sysctls or SYSCTLS).items():
         path = _sysctl_path(key, root)
         old = path.read_text().strip()
-        if old == want:
-            continue
+        if _at_least(old, want):
+            continue  # already right, or stricter: never lowered
         try:
             path.write_text(want + "\n")
         except PermissionError:
@@ -64,6 +74,96 @@ def prepare_host(sysctls: dict[str, str] | None = None, root: str = "/proc/sys")
             ) from None
         changed[key] = {"old": old, "new": want}
     return changed
+
+
+def _at_least(have: str, want: str) -> bool:
+    try:
+        return int(have) >= int(want)
+    except ValueError:
+        return False
+
+
+class SysctlGuard:
+    """Checks the ARP sysctls on every reconcile, sets back a lowered one, and keeps the record."""
+
+    def __init__(self, sysctls: dict[str, str] | None = None, root: str = "/proc/sys",
+                 logger: logging.Logger | None = None, registry: Any = "default") -> None:
+        self.sysctls = dict(sysctls or SYSCTLS)
+        self.root = root
+        self.log = logger or logging.getLogger("nocloudlb.l2")
+        self.ok = True
+        self.resets = 0
+        self.last_reset: dict[str, Any] | None = None
+        self.error = ""
+        self._lock = threading.Lock()
+        self._gauge = self._counter = None
+        if registry is not None:
+            from prometheus_client import REGISTRY, Counter, Gauge  # noqa: PLC0415
+
+            reg = REGISTRY if registry == "default" else registry
+            self._gauge = Gauge("nocloudlb_arp_sysctl_ok_bool", "0 if arp_ignore/arp_announce were found below "
+                                "the values that keep the kernel from answering ARP for VIPs on lo", registry=reg)
+            self._counter = Counter("nocloudlb_arp_sysctl_resets", "Times a lowered arp_ignore/arp_announce "
+                                    "was found and set back", registry=reg)
+            self._gauge.set(1)
+
+    def verify(self) -> bool:
+        """Read each sysctl; set back any below its value. True when all were right (nothing to do)."""
+        from ..logs import event  # noqa: PLC0415
+
+        found_ok, errors = True, []
+        for key, want in self.sysctls.items():
+            path = _sysctl_path(key, self.root)
+            try:
+                have = path.read_text().strip()
+            except OSError as exc:
+                found_ok = False
+                errors.append(f"cannot read {key}: {exc.strerror or exc}")
+                continue
+            if _at_least(have, want):
+                continue
+            found_ok = False
+            try:
+                path.write_text(want + "\n")
+            except OSError as exc:
+                errors.append(f"{key} is {have} (must be >= {want}) and cannot be set: {exc.strerror or exc}")
+                event(self.log, "arpSysctlWrong", "the kernel may answer ARP for VIPs on lo", logging.ERROR,
+                      sysctl=key, value=have, want=want, error=str(exc.strerror or exc))
+                continue
+            with self._lock:
+                self.resets += 1
+                self.last_reset = {"sysctl": key, "old": have, "new": want,
+                                   "at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")}
+            if self._counter is not None:
+                self._counter.inc()
+            event(self.log, "arpSysctlReset", "a lowered ARP sysctl was set back (something changed it)",
+                  logging.ERROR, sysctl=key, old=have, new=want)
+        with self._lock:
+            self.ok, self.error = found_ok, "; ".join(errors)
+        if self._gauge is not None:
+            self._gauge.set(1 if found_ok else 0)
+        return found_ok
+
+    def status(self) -> dict[str, Any]:
+        with self._lock:
+            return {"ok": self.ok, "resets": self.resets, "lastReset": self.last_reset, "error": self.error,
+                    "want": {k: f">={v}" for k, v in self.sysctls.items()}}
+
+
+_guard: SysctlGuard | None = None
+
+
+def verify_host() -> bool:
+    """The daemon's per-reconcile check of the ARP sysctls (see SysctlGuard.verify); True if nothing was wrong."""
+    global _guard
+    if _guard is None:
+        _guard = SysctlGuard()
+    return _guard.verify()
+
+
+def sysctl_status() -> dict[str, Any]:
+    """``status()["arpSysctls"]``: ok at the last check, resets so far, the last reset, any error."""
+    return _guard.status() if _guard is not None else {}
 
 
 def check_host(root: str = "/proc/sys") -> list[str]:

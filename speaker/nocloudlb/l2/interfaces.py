@@ -1,4 +1,16 @@
-"""Which interfaces the layer-2 responders may use, read with pyroute2."""
+"""Which interfaces the layer-2 responders may use, read with pyroute2.
+
+Some interfaces must never announce, whatever the L2Advertisement says (issue 8, defect 3):
+
+- an interface with a master: a bridge port or a bond slave (MetalLB skips these too). A
+  gratuitous ARP out of an active-backup bond's backup slave black-holes the host; the
+  master (the bridge, the bond) is the interface that announces;
+- a tap (a ``tun``-kind link in tap mode): the other end is a VM or a program, not a segment;
+- an interface with NOARP: it speaks no ARP, so answers on it are wrong by definition.
+
+Such interfaces are listed with a ``skip`` reason and ``announceable`` False. VLAN-tagged
+requests on an untagged parent are dropped by the socket filter (``bpf.py``).
+"""
 
 from __future__ import annotations
 
@@ -15,6 +27,8 @@ ARPHRD_ETHER = 1
 IFF_UP = 0x1
 IFF_BROADCAST = 0x2
 IFF_LOOPBACK = 0x8
+IFF_NOARP = 0x80
+IFF_SLAVE = 0x800  # a bond slave (also has IFLA_MASTER)
 
 
 @dataclass
@@ -25,6 +39,30 @@ class Interface:
     up: bool
     ipv4: list[str] = field(default_factory=list)
     ipv6: list[str] = field(default_factory=list)  # link-local first
+    skip: str = ""  # why this interface must never announce ("" = it may)
+
+    @property
+    def announceable(self) -> bool:
+        """Up, and not one of the interfaces that must never announce."""
+        return self.up and not self.skip
+
+
+def never_announce_reason(link) -> str:
+    """Why ``link`` (a pyroute2 ifinfmsg) must never announce: "master <n>", "tap", "noarp" or ""."""
+    flags = link["flags"]
+    master = link.get("IFLA_MASTER") if hasattr(link, "get") else None
+    if master or flags & IFF_SLAVE:
+        return f"master {master}" if master else "bond slave"
+    if flags & IFF_NOARP:
+        return "noarp"
+    kind = ""
+    try:
+        kind = link.get_nested("IFLA_LINKINFO", "IFLA_INFO_KIND") or ""
+    except (AttributeError, KeyError, TypeError):
+        kind = ""
+    if kind == "tun":  # tun devices of ARPHRD_ETHER type are taps
+        return "tap"
+    return ""
 
 
 def interfaces(with_addresses: bool = True) -> dict[str, Interface]:
@@ -37,7 +75,8 @@ def interfaces(with_addresses: bool = True) -> dict[str, Interface]:
             if link["ifi_type"] != ARPHRD_ETHER or flags & IFF_LOOPBACK or not flags & IFF_BROADCAST:
                 continue
             name = link.get("ifname")
-            out[name] = Interface(name, link["index"], link.get("address") or "", bool(flags & IFF_UP))
+            out[name] = Interface(name, link["index"], link.get("address") or "", bool(flags & IFF_UP),
+                                  skip=never_announce_reason(link))
         if not with_addresses:
             return out
         by_index = {i.index: i for i in out.values()}
@@ -54,5 +93,6 @@ def interfaces(with_addresses: bool = True) -> dict[str, Interface]:
 
 
 def eligible_interfaces() -> list[str]:
-    """Names of interfaces that are up, Ethernet, and not excluded by MetalLB's default list."""
-    return sorted(name for name, i in interfaces(with_addresses=False).items() if i.up and not EXCLUDED.match(name))
+    """Names of interfaces that are up, Ethernet, not excluded by MetalLB's default list, and may announce."""
+    return sorted(name for name, i in interfaces(with_addresses=False).items()
+                  if i.announceable and not EXCLUDED.match(name))

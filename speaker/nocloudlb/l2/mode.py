@@ -235,7 +235,10 @@ class L2Mode:
             self._waiting.pop(ip, None)
             self._ready.discard(ip)
 
-        # 2. every VIP this node may serve on lo, before any of them is announced
+        # 2. every VIP this node may serve on lo, before any of them is announced; the ARP sysctls
+        # that keep the kernel from answering for them are checked (and re-set) every time
+        if hasattr(self.delivery, "verify_host"):
+            self.delivery.verify_host()
         lo |= self.other_lo()
         if lo != self._lo_wanted or not lo <= self._lo:
             try:

@@ -1,0 +1,8 @@
+"""tests/fuzz on sys.path (for fuzzcfg), like tests/netns."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(__file__))
