@@ -262,8 +262,21 @@ class BgpMode:
             try:
                 self.frr.configure(lines, timeout=5.0)
             except FrrError as exc:
-                logs.event(log, "bgpWithdrawFailed", f"vtysh could not remove the networks: {exc}", logging.ERROR)
-                return
+                # vtysh stops at the first line it refuses (a network FRR no longer has): remove the
+                # others one by one, so that one stale prefix never keeps the rest announced
+                failed = []
+                for key, fams in gone.items():
+                    for family, prefixes in fams.items():
+                        for prefix in prefixes:
+                            try:
+                                self.frr.configure(_router_lines(key, family, [prefix]), timeout=5.0)
+                            except FrrError as one:
+                                if "Can't find" not in str(one):
+                                    failed.append(f"{prefix}: {one}")
+                if failed:
+                    logs.event(log, "bgpWithdrawFailed", f"vtysh could not remove the networks: {exc}",
+                               logging.ERROR, failed=failed[:20])
+                    return
             with self._cond:
                 self._announced = _minus(self._announced, gone)
                 self._cond.notify_all()
