@@ -29,7 +29,10 @@ PY
     "$top/.venv/bin/ansible-test" sanity --local --python 3.11 --requirements --color no
     ;;
   ansible-lint)
-    ANSIBLE_COLLECTIONS_PATH=$work "$top/.venv/bin/ansible-lint" --profile production --offline
+    # ansible-lint installs the collection it checks into ~/.ansible/collections: give it a
+    # home of its own, so it neither leaves a copy in the user's nor picks up a stale one there.
+    mkdir -p "$work/home"
+    HOME=$work/home ANSIBLE_COLLECTIONS_PATH=$work "$top/.venv/bin/ansible-lint" --profile production --offline
     ;;
   *) echo "unknown check: $what" >&2; exit 2 ;;
 esac
