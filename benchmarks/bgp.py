@@ -41,10 +41,10 @@ TOPOLOGY = {
     "name": "bgpbench",
     "segments": {"lan": {}},
     "hosts": {
-        "n1": {"services": ["frr"], "interfaces": [{"segment": "lan", "addresses": ["198.51.100.11/24",
-                                                                                  "2001:db8:1::11/64"]}]},
-        "n2": {"services": ["frr"], "interfaces": [{"segment": "lan", "addresses": ["198.51.100.12/24",
-                                                                                  "2001:db8:1::12/64"]}]},
+        "n1": {"services": ["frr"], "interfaces": [
+            {"segment": "lan", "addresses": ["198.51.100.11/24", "2001:db8:1::11/64"]}]},
+        "n2": {"services": ["frr"], "interfaces": [
+            {"segment": "lan", "addresses": ["198.51.100.12/24", "2001:db8:1::12/64"]}]},
         "r1": {"services": ["frr"], "forwarding": True,
                "interfaces": [{"segment": "lan", "addresses": ["198.51.100.1/24", "2001:db8:1::1/64"]}]},
     },
@@ -176,7 +176,7 @@ def withdrawals(b: Bench, runs: int) -> dict[str, list[float | None]]:
             raise SystemExit(f"BFD with {n1} not up at the router")
         time.sleep(1.0)
 
-    for _ in range(runs):
+    for _run in range(runs):
         ready()
         b.apply(cfg, drained=("n1",), wait=False)
         out["drain"].append(until(lambda: n1 not in b.hops(VIP), 10))

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """verify of the molecule scenario ``bgp``: every claim is read from the router r1 (vtysh json,
 ip route) or from the client c2's traffic. Prints one ``BGP ...`` line per check with its
 figures, ``BGP-FIGURES {json}`` at the end, and exits 1 at the first failed check.

@@ -124,8 +124,8 @@ def test_is_ibgp(spec, expected):
 
 
 def test_aggregate():
-    adv = parse_resources([pool("p", "203.0.113.0/24"), bgpadv("a", aggregationLength=24,
-                                                              aggregationLengthV6=64)]).bgp_advertisements[0]
+    docs = [pool("p", "203.0.113.0/24"), bgpadv("a", aggregationLength=24, aggregationLengthV6=64)]
+    adv = parse_resources(docs).bgp_advertisements[0]
     assert aggregate("203.0.113.77", adv) == "203.0.113.0/24"
     assert aggregate("2001:db8:1:2::5", adv) == "2001:db8:1:2::/64"
 
@@ -136,8 +136,8 @@ def test_aggregate():
 def test_node_missing_or_dead_in_its_published_view_announces_nothing():
     cfg = parse_resources([POOL, ROUTER, bgpadv("a"), WEB])
     assert bgp_decision("n1", [NodeView("n2")], cfg).prefixes() == set()
-    assert bgp_decision("n1", [NodeView("n1", state="dead")], cfg).vips["203.0.113.10"] == (False, "notLive",
-                                                                                          ["prod/web"])
+    dead = bgp_decision("n1", [NodeView("n1", state="dead")], cfg)
+    assert dead.vips["203.0.113.10"] == (False, "notLive", ["prod/web"])
     assert bgp_decision("n1", [NodeView("n1", state="suspect")], cfg).prefixes() == {"203.0.113.10/32"}
 
 
@@ -189,7 +189,7 @@ def test_l2_and_bgp_on_one_pool():
     cfg = parse_resources([POOL, ROUTER, bgpadv("a"), l2adv("b"), WEB])
     nodes = [NodeView("n1"), NodeView("n2")]
     web = cfg.service("prod/web")
-    leader, _ = layer2_decision("n1", nodes, cfg.l2_advertisements_for_pool("bgp"), web, "203.0.113.10")
+    leader = layer2_decision("n1", nodes, cfg.l2_advertisements_for_pool("bgp"), web, "203.0.113.10")[0]
     assert leader in ("n1", "n2")
     # BGP: both nodes announce, whoever leads layer 2
     assert bgp_decision("n1", nodes, cfg).prefixes() == {"203.0.113.10/32"}
