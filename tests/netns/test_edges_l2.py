@@ -26,7 +26,8 @@ iface = "eth0"
 mac = get_if_hwaddr(iface)
 started = []
 sn = AsyncSniffer(iface=iface, store=True, started_callback=lambda: started.append(1),
-                  lfilter=lambda p: ARP in p and p[ARP].op == 2 and p[ARP].psrc == ip)
+                  # replies to us only: the speaker's gratuitous replies (target = the VIP) may still be due
+                  lfilter=lambda p: ARP in p and p[ARP].op == 2 and p[ARP].psrc == ip and p[ARP].pdst == mine4)
 sn.start()
 while not started:
     time.sleep(0.01)

@@ -103,8 +103,9 @@ def test_one_answer_per_vip_from_the_elected_mac(cluster, tmp_path):
     ip0, leader0 = next(iter(vips.items()))
     out = subprocess.run([sys.executable, "-m", "nocloudlb.cli", "status", "--socket", c.sock(leader0)],
                          capture_output=True, text=True, timeout=30, check=False).stdout
-    assert f"node {leader0}  ready=True  profile=fast  memberlist=joined" in out
-    assert any(line.startswith(ip0) and line.rstrip().endswith("announcing") for line in out.splitlines()), out
+    assert f"node {leader0}  ready yes" in out and "gossip joined" in out and "profile fast" in out, out
+    row = next(line.split() for line in out.splitlines() if line.startswith(ip0 + " "))
+    assert row[3] == leader0 and row[4] == "owner", out  # VIP SERVICE POOL OWNER THIS-NODE ...
     out = c.seg.run(c.seg.client.ns, [sys.executable, "-m", "nocloudlb.cli", "probe", ip0, "-i", "eth0",
                                       "--timeout", "0.5"]).stdout
     assert f"{ip0} is at {c.mac(leader0)} on eth0" in out
