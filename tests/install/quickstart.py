@@ -18,6 +18,7 @@ import re
 import shlex
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -62,11 +63,33 @@ def main() -> int:
     watch = subprocess.Popen([*L, "exec", "-n", a.lab, watcher, "--", nocloudlb, "status", "--watch",
                               "--interval", "0.25", "--count", "120"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True)
-    time.sleep(3)
+    # kill only once the watch has drawn its first table: on a slow machine its start can take
+    # longer than the whole failover, and a watch that starts late sees nothing move
+    lines_out: list[str] = []
+    drawn = threading.Event()
+
+    def read() -> None:
+        assert watch.stdout is not None
+        for line in watch.stdout:
+            lines_out.append(line)
+            if line.startswith("VIP "):
+                drawn.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    if not drawn.wait(90):
+        print("".join(lines_out)[-3000:])
+        print(f"quickstart: `nocloudlb status --watch` on {watcher} drew nothing in 90 s")
+        watch.kill()
+        return 1
+    time.sleep(1)
     argv = shlex.split(fault.replace("$L ", "").replace("-n l2", f"-n {a.lab}"))
     argv[argv.index("kill") + 1] = owner
     subprocess.run([*L, *argv], check=True, capture_output=True, text=True, timeout=60)
-    out, err = watch.communicate(timeout=120)
+    watch.wait(timeout=180)
+    reader.join(10)
+    out = "".join(lines_out)
+    err = watch.stderr.read() if watch.stderr is not None else ""
     change = re.search(rf"^\d\d:\d\d:\d\d\.\d{{3}}  {re.escape(vip['ip'])} \(\S+\): owner {owner} -> (\w+)$", out, re.M)
     if watch.returncode != 0 or not change:
         print(out[-3000:] + err[-2000:])
