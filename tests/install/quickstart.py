@@ -5,8 +5,8 @@
 Takes the quickstart's console blocks, keeps the lines that run a command in a lab host
 (`$L exec -n l2 HOST -- ...`), points them at this lab, and runs each (interactive
 shells and --watch, which never ends, are left out). Then watches a VIP move as the
-quickstart tells: `nocloudlb status --watch` on a backup node while the owner's speaker
-is killed with `$L fault ... kill OWNER --unit nocloudlb-speaker.service`; the watch
+quickstart tells: `nocloudlb status --watch` on a backup node while the owner
+is frozen with `$L fault ... freeze OWNER`; the watch
 must print the change of owner with its time.
 """
 
@@ -59,7 +59,7 @@ def main() -> int:
     vip = next(v for v in st["vips"] if ":" not in v["ip"])
     owner = vip["leader"]
     watcher = next(n for n in ("n1", "n2", "n3") if n != owner)
-    fault = next(ln for ln in lines if re.match(r"\$L fault -n l2 kill \w+ --unit nocloudlb-speaker.service", ln))
+    fault = next(ln for ln in lines if re.match(r"\$L fault -n l2 freeze \w+$", ln))
     watch = subprocess.Popen([*L, "exec", "-n", a.lab, watcher, "--", nocloudlb, "status", "--watch",
                               "--interval", "0.25", "--count", "120"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True)
@@ -84,7 +84,7 @@ def main() -> int:
         return 1
     time.sleep(1)
     argv = shlex.split(fault.replace("$L ", "").replace("-n l2", f"-n {a.lab}"))
-    argv[argv.index("kill") + 1] = owner
+    argv[argv.index("freeze") + 1] = owner
     subprocess.run([*L, *argv], check=True, capture_output=True, text=True, timeout=60)
     watch.wait(timeout=180)
     reader.join(10)
