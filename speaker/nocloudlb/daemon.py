@@ -117,6 +117,12 @@ def check_extra(cfg: SpeakerConfig) -> tuple[list[str] | None, list[str]]:
     return keys, errors
 
 
+def mode_rows(st: dict) -> list[dict]:
+    """A mode status's VIP rows (``vips``: one owner per VIP, as layer 2 keeps them), rows only."""
+    rows = st.get("vips")
+    return [v for v in rows if isinstance(v, dict) and "ip" in v] if isinstance(rows, list) else []
+
+
 class Speaker:
     def __init__(self, config_path: str, announcer_factory: Any = None, delivery: Any = None) -> None:
         self.config_path = config_path
@@ -568,7 +574,7 @@ class Speaker:
             ips = [str(ip) for ip in (msg.get("ips") or [])[:256]] if isinstance(msg.get("ips"), list) else []
             info = self._peers.get(sender)
             state = next((m.state for m in self.membership.members() if m.name == sender), "unknown")
-            leaders = {v["ip"]: v.get("leader") for m in self.modes for v in m.status().get("vips", [])
+            leaders = {v["ip"]: v.get("leader") for m in self.modes for v in mode_rows(m.status())
                        if v.get("ip") in ips}
             reply = {"r": msg["id"][:64], "node": self.cfg.node_name if self.cfg else "", "about": sender,
                      "state": state, "labels": dict(info.labels) if info else {}, "leaders": leaders}
@@ -657,7 +663,7 @@ class Speaker:
                                 "publishedLabels": info.labels, "configDigest": m.meta.get("c", ""),
                                 "macs": [":".join(f"{b:02x}" for b in mac) for mac in sorted(info.macs)]})
         modes = {m.name: m.status() for m in self.modes}
-        vips = [v for st in modes.values() for v in st.get("vips", [])]
+        vips = [v for st in modes.values() for v in mode_rows(st)]
         conflicts = [c for st in modes.values() for c in st.get("conflicts", [])]
         mine = self.published()
         ml = self.membership
@@ -696,7 +702,7 @@ class Speaker:
                 stats = {}
         return {
             "announced": [{"ip": v["ip"], "node": self.cfg.node_name if self.cfg else "", "service": v["service"]}
-                          for st in modes.values() for v in st.get("vips", []) if v.get("announcing")],
+                          for st in modes.values() for v in mode_rows(st) if v.get("announcing")],
             "config_ok": self.holder.state == "ok",
             "config_stale": self.holder.state != "ok" and self.cfg is not None,
             "members": counts,

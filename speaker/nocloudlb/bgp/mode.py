@@ -173,7 +173,9 @@ class BgpMode:
             pending = self._desired is not None and (self._applied is None or self._desired.text != self._applied.text)
             return {
                 "peers": peers,
-                "vips": {ip: {"announcing": a, "reason": r, "services": s}
+                # per VIP, keyed by address; not "vips", which the speaker's status keeps for the
+                # layer-2 rows (one owner per VIP), while in BGP every eligible node announces
+                "bgpVips": {ip: {"announcing": a, "reason": r, "services": s}
                          for ip, (a, r, s) in sorted(self._decision.vips.items())},
                 "withdrawn": self._withdrawn,
                 "frr": {"healthy": self._healthy, "error": self._watch_error, "bfdBlocked": self._blocked},
