@@ -176,7 +176,7 @@ class BgpMode:
                 # per VIP, keyed by address; not "vips", which the speaker's status keeps for the
                 # layer-2 rows (one owner per VIP), while in BGP every eligible node announces
                 "bgpVips": {ip: {"announcing": a, "reason": r, "services": s}
-                         for ip, (a, r, s) in sorted(self._decision.vips.items())},
+                            for ip, (a, r, s) in sorted(self._decision.vips.items())},
                 "withdrawn": self._withdrawn,
                 "frr": {"healthy": self._healthy, "error": self._watch_error, "bfdBlocked": self._blocked},
                 "config": {"applied": self._applied is not None, "pending": pending, "error": self._reload_error,
