@@ -301,6 +301,26 @@ def customize_image(root: Path) -> None:
         p.unlink()
 
 
+# Every lab host's systemd (and its units) takes inotify instances, all counted against root:
+# the kernel's default of 128 runs out at about a dozen hosts across the labs of one machine
+# (seen here: hosts of a ten-host lab failed to boot). Raising a limit changes nothing else.
+INOTIFY_MIN_INSTANCES = 1024
+
+
+def ensure_inotify_instances(log: Any = None) -> None:
+    """Raise fs.inotify.max_user_instances to INOTIFY_MIN_INSTANCES if it is lower (never lowers it)."""
+    path = Path("/proc/sys/fs/inotify/max_user_instances")
+    try:
+        current = int(path.read_text().strip())
+        if current < INOTIFY_MIN_INSTANCES:
+            path.write_text(f"{INOTIFY_MIN_INSTANCES}\n")
+            if log:
+                log(f"fs.inotify.max_user_instances raised from {current} to {INOTIFY_MIN_INSTANCES} "
+                    "(each lab host's systemd needs several)")
+    except (OSError, ValueError):
+        pass  # not ours to fix: hosts that fail to boot are reported by up as usual
+
+
 def ensure_image(extra_packages: Iterable[str] = (), release: str | None = None, mirror: str | None = None,
                  log: Any = None) -> tuple[Path, bool]:
     """Return (path, built): the cached base image for this package list, built if missing.
@@ -576,6 +596,7 @@ class Lab:
         topo["name"] = self.name
         t0 = time.monotonic()
         image, built = ensure_image(topo["extra_packages"], log=log)
+        ensure_inotify_instances(log)
         with self._lock():
             st = self.load_state()
             thash = topology_hash(topo)
