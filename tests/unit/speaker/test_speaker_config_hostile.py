@@ -16,29 +16,8 @@ from nocloudlb.config import MAX_ERROR_CHARS, ConfigHolder, load
 from nocloudlb.core.errors import ConfigError
 from nocloudlb.daemon import Speaker, validate
 
-POOL = {"apiVersion": "metallb.io/v1beta1", "kind": "IPAddressPool", "metadata": {"name": "default"},
-        "spec": {"addresses": ["198.51.100.200-198.51.100.220"]}}
-L2 = {"apiVersion": "metallb.io/v1beta1", "kind": "L2Advertisement", "metadata": {"name": "default"},
-      "spec": {"ipAddressPools": ["default"]}}
-
-
-def svc(name: str, ip: str, policy: str = "Cluster", annotations: dict | None = None) -> dict:
-    return {"apiVersion": "v1", "kind": "Service",
-            "metadata": {"name": name, "namespace": "prod", "annotations": annotations or {}},
-            "spec": {"type": "LoadBalancer", "externalTrafficPolicy": policy,
-                     "ports": [{"port": 80, "protocol": "TCP"}]},
-            "status": {"loadBalancer": {"ingress": [{"ip": ip}]}}}
-
-
-def base(**over) -> dict:
-    doc = {"node": {"name": "n1", "labels": {"zone": "a"}},
-           "memberlist": {"bind": "198.51.100.11:7946", "join": ["198.51.100.11:7946", "198.51.100.12:7946"],
-                          "profile": "fast", "probeInterval": 0.25},
-           "stateDir": "/tmp/x", "socket": "/tmp/x.sock", "metrics": {"bind": ""},
-           "resources": [POOL, L2, svc("web", "198.51.100.200")]}
-    doc.update(over)
-    return doc
-
+# the same base config and documents as the config/state tests: one definition of them
+from test_speaker_config_state import base, svc
 
 GOOD = yaml.safe_dump(base())
 
