@@ -238,3 +238,23 @@ def requests(seg, n: int, proto: str = "tcp") -> list[str]:
 
 def spread(answers: list[str]) -> Counter:
     return Counter(a.split()[0] for a in answers)
+
+
+# A client that holds one TCP connection to VIP:80 from a fixed source port and sends a line
+# on every line of its stdin, printing each answer ("closed" or "error ..." when it breaks).
+# argv: VIP, source port, connect/read timeout in seconds.
+HOLD_CODE = r"""
+import socket, sys
+s = socket.socket()
+s.bind(("0.0.0.0", int(sys.argv[2])))
+s.settimeout(float(sys.argv[3]))
+s.connect((sys.argv[1], 80))
+s.sendall(b"HOLD\n")
+print(s.recv(100).decode().strip(), flush=True)
+for line in sys.stdin:
+    try:
+        s.sendall(b"more\n")
+        print(s.recv(100).decode().strip() or "closed", flush=True)
+    except OSError as exc:
+        print("error " + type(exc).__name__, flush=True)
+"""

@@ -12,6 +12,7 @@ import time
 import pytest
 from dataplane_harness import (
     CLIENT,
+    HOLD_CODE,
     VIP,
     Director,
     backends_of,
@@ -126,28 +127,11 @@ def test_failed_backend_gets_no_new_connections_within_fall(lab):
     assert set(spread(requests(seg, 4))) == {"n3", "n4"}
 
 
-HOLD_CODE = r"""
-import socket, sys, time
-s = socket.socket()
-s.bind(("0.0.0.0", int(sys.argv[2])))
-s.settimeout(3)
-s.connect((sys.argv[1], 80))
-s.sendall(b"HOLD\n")
-print(s.recv(100).decode().strip(), flush=True)
-for line in sys.stdin:
-    try:
-        s.sendall(b"more\n")
-        print(s.recv(100).decode().strip() or "closed", flush=True)
-    except OSError as exc:
-        print("error " + type(exc).__name__, flush=True)
-"""
-
-
 def _hold(seg, port):
     import subprocess
     import sys
 
-    p = seg.popen(seg.client.ns, [sys.executable, "-u", "-c", HOLD_CODE, VIP, str(port)], stdin=subprocess.PIPE)
+    p = seg.popen(seg.client.ns, [sys.executable, "-u", "-c", HOLD_CODE, VIP, str(port), "3"], stdin=subprocess.PIPE)
     first = p.stdout.readline().strip()
 
     def again() -> str:

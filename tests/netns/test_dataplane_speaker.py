@@ -13,7 +13,7 @@ import subprocess
 import sys
 
 import pytest
-from dataplane_harness import CLIENT, VIP, backends_of, prepare, requests, resources, spread
+from dataplane_harness import CLIENT, HOLD_CODE, VIP, backends_of, prepare, requests, resources, spread
 from speaker_harness import SpeakerCluster
 
 pytestmark = pytest.mark.timeout(150)
@@ -22,23 +22,6 @@ pytestmark = pytest.mark.timeout(150)
 @pytest.fixture
 def netns_prefix() -> str:
     return "nds"
-
-
-HOLD_CODE = r"""
-import socket, sys
-s = socket.socket()
-s.bind(("0.0.0.0", int(sys.argv[2])))
-s.settimeout(5)
-s.connect((sys.argv[1], 80))
-s.sendall(b"HOLD\n")
-print(s.recv(100).decode().strip(), flush=True)
-for line in sys.stdin:
-    try:
-        s.sendall(b"more\n")
-        print(s.recv(100).decode().strip() or "closed", flush=True)
-    except OSError as exc:
-        print("error " + type(exc).__name__, flush=True)
-"""
 
 
 def test_speakers_forward_dr_maglev_and_a_takeover_keeps_connections(make_segment, tmp_path):
@@ -64,7 +47,7 @@ def test_speakers_forward_dr_maglev_and_a_takeover_keeps_connections(make_segmen
     assert {a.split()[1] for a in answers} == {CLIENT}
     held = []
     for i in range(6):
-        p = seg.popen(seg.client.ns, [sys.executable, "-u", "-c", HOLD_CODE, VIP, str(32000 + i)],
+        p = seg.popen(seg.client.ns, [sys.executable, "-u", "-c", HOLD_CODE, VIP, str(32000 + i), "5"],
                       stdin=subprocess.PIPE)
         held.append((p, p.stdout.readline().strip()))
     assert all(first in ("n3", "n4") for _p, first in held), held
