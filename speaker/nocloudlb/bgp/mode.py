@@ -152,11 +152,8 @@ class BgpMode:
         self._withdraw(None)
 
     def lo_vips(self) -> set[str]:
-        """The Mode hook for lo: the layer-2 mode holds these on lo (see daemon._other_lo)."""
-        return self.serving()
-
-    def serving(self) -> set[str]:
-        """VIPs this node may serve through BGP (to hold on lo), from the last apply."""
+        """VIPs this node may serve through BGP, from the last apply: the Mode hook for lo (the
+        layer-2 mode holds them there, see daemon._other_lo)."""
         with self._cond:
             return set(self._decision.serve)
 
