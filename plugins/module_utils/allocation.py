@@ -458,6 +458,43 @@ class _State:
         return out
 
 
+def held_address_problems(services: Iterable[Any]) -> list[str]:
+    """Why the addresses services already hold (``status.loadBalancer.ingress``) cannot be served together.
+
+    ``allocate`` never hands out such a set, but a speaker is given statuses as written: two
+    services holding one address are announced as one VIP, so they must be allowed to share it
+    exactly as MetalLB's checkSharing allows (the same non-empty sharing key, the same backend key
+    - under ``externalTrafficPolicy: Local``, the same health check, which decides who may
+    announce - and no port used twice). Otherwise each service would elect its own leader for the
+    one address: two owners. Returns one message per refused service, in MetalLB's words, the
+    service that comes later in key order being the refused one.
+    """
+    uses: dict[IPAddress, _Use] = {}
+    problems: list[str] = []
+    for service in sorted((s for s in services if is_managed(s)), key=lambda s: s.key):
+        try:
+            req = _request(service)
+            held = [ipaddress.ip_address(ip) for ip in service.ingress_ips]
+        except (_Fail, ValueError):
+            continue  # a bad request or address is reported by the schema and by allocate
+        for ip in held:
+            use = uses.get(ip)
+            if use is None:
+                use = uses[ip] = _Use(pool="", sharing=req.sharing, backend=req.backend)
+            elif not (use.sharing and req.sharing and use.sharing == req.sharing and use.backend == req.backend):
+                problems.append(f'Service {service.key}: status.loadBalancer.ingress {ip}: can\'t change sharing key '
+                                f'for "{service.key}", address also in use by {",".join(use.services)}')
+                continue
+            clash = next((p for p in req.ports if p in use.ports), None)
+            if clash is not None:
+                problems.append(f'Service {service.key}: status.loadBalancer.ingress {ip}: port {clash[1]}/{clash[0]} '
+                                f'is already in use on "{ip}"')
+                continue
+            use.services.append(service.key)
+            use.ports.update((p, service.key) for p in req.ports)
+    return problems
+
+
 def _address(version: int, value: int) -> IPAddress:
     return ipaddress.IPv4Address(value) if version == 4 else ipaddress.IPv6Address(value)
 

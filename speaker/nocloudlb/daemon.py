@@ -33,6 +33,7 @@ from typing import Any
 
 import kinship
 
+from nocloudlb.core.allocation import held_address_problems
 from nocloudlb.core.election import DRAIN_LABEL, NodeView
 from nocloudlb.core.errors import ConfigError
 
@@ -114,6 +115,7 @@ def check_extra(cfg: SpeakerConfig) -> tuple[list[str] | None, list[str]]:
             errors.append(str(exc))
     errors.extend(health_specs(cfg.parsed)[1])
     errors.extend(metadata_problems(cfg))
+    errors.extend(held_address_problems(cfg.parsed.services))  # one VIP, one leader: sharing as MetalLB allows
     return keys, errors
 
 
