@@ -103,11 +103,33 @@ def _short(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def first_unprintable(text: str) -> str:
+    """Where the first non-printable character of ``text`` is, as ``U+001B at 2`` ("" when none)."""
+    index = next((i for i, c in enumerate(text) if not c.isprintable()), None)
+    return "" if index is None else f"U+{ord(text[index]):04X} at {index}"
+
+
 def _name_problem(where: str, value: str) -> str | None:
     """Names and labels travel in gossip and logs: printable characters, no whitespace other than spaces."""
     if not value.isprintable():
-        return f"{where}: {_short(value)} holds control characters"
+        return f"{where}: {_short(value)} holds control characters ({first_unprintable(value)})"
     return None
+
+
+def runtime_label_problem(key: Any, value: Any = "") -> str | None:
+    """Why a label set (or, with value "", unset) through the control socket is refused: the rules of
+    node.labels in the config (non-empty printable strings) and of the socket (no '=' or whitespace
+    in a key, keys up to 317 and values up to 63 characters). The message names the label and the
+    first bad character; it is bounded and printable whatever came in."""
+    if not isinstance(key, str) or not key:
+        return f"label: key {_short(key)} must be a non-empty string"
+    if problem := _name_problem("label key", key):
+        return problem
+    if "=" in key or any(c.isspace() for c in key) or len(key) > 317:
+        return f"label: bad key {_short(key)} (no '=' or whitespace, at most 317 characters)"
+    if not isinstance(value, str) or len(value) > 63:
+        return f"label {_short(key)}: value {_short(value)} must be a string of at most 63 characters"
+    return _name_problem(f"label {_short(key)} value", value)
 
 
 def _addr_problem(where: str, value: Any) -> str | None:

@@ -38,7 +38,7 @@ from nocloudlb.core.election import DRAIN_LABEL, NodeView
 from nocloudlb.core.errors import ConfigError
 
 from . import logs, sdnotify
-from .config import ConfigHolder, SpeakerConfig, now_iso
+from .config import ConfigHolder, SpeakerConfig, now_iso, runtime_label_problem
 from .health import CheckSpec, HealthChecker
 from .l2.mode import L2View, VipRow
 from .membership import KeyFileError, Membership, MembershipSettings, read_key_file
@@ -623,14 +623,11 @@ class Speaker:
         unset = req.get("unset") or []
         if not isinstance(set_, dict) or not isinstance(unset, list):
             return {"ok": False, "error": "label: 'set' is an object of key: value, 'unset' a list of keys"}
-        for k, v in set_.items():
-            if not isinstance(k, str) or not k or "=" in k or any(c.isspace() for c in k) or len(k) > 317:
-                return {"ok": False, "error": f"label: bad key {k!r}"}
-            if not isinstance(v, str) or len(v) > 63:
-                return {"ok": False, "error": f"label {k}: value {v!r} must be a string of at most 63 characters"}
-        for k in unset:
-            if not isinstance(k, str) or not k:
-                return {"ok": False, "error": f"label: bad key to unset {k!r}"}
+        # the rules of node.labels in the config: what is set here is gossiped and logged too
+        for problem in [runtime_label_problem(k, v) for k, v in set_.items()] + [
+                runtime_label_problem(k) for k in unset]:
+            if problem:
+                return {"ok": False, "error": problem}
         assert self.labels is not None
         with self._lock:
             try:
