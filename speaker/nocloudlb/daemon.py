@@ -461,9 +461,13 @@ class Speaker:
     def _meta(self) -> dict[str, str]:
         assert self.codec is not None and self.health is not None
         macs: list[bytes] = []
+        labels = self.my_labels()
         for m in self.modes:
-            macs.extend((m.hook("meta") or {}).get("macs", []))
-        return self.codec.encode(self.my_labels(), self.health.healthy(), macs)
+            meta = m.hook("meta") or {}
+            macs.extend(meta.get("macs", []))
+            if meta.get("exclude"):  # a mode cannot serve safely (l2: ARP sysctls): peers elect others
+                labels = {**labels, DRAIN_LABEL: ""}
+        return self.codec.encode(labels, self.health.healthy(), macs)
 
     def _gate(self) -> str:
         """Why this node may not announce anything now ("" when it may)."""

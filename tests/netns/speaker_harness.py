@@ -72,6 +72,7 @@ class SpeakerCluster:
         self.memberlist_extra = memberlist_extra or {}
         self.procs: dict[str, subprocess.Popen] = {}
         self.env: dict[str, dict[str, str]] = {}  # extra environment per node (e.g. NOTIFY_SOCKET)
+        self.wrap: dict[str, list[str]] = {}  # a command the node's speaker runs under (argv prefix, must exec it)
         self.logs: dict[str, Path] = {}
         self.keys = keys or [generate_key()]
         self.key_files: dict[str, Path] = {}
@@ -118,7 +119,8 @@ class SpeakerCluster:
         log = self.dir / name / "speaker.log"
         self.logs[name] = log
         fh = open(log, "a")  # noqa: SIM115 - handed to the child
-        argv = [sys.executable, "-m", "nocloudlb.cli", "speaker", "-c", str(self.config_path(name))]
+        argv = [*self.wrap.get(name, []), sys.executable, "-m", "nocloudlb.cli", "speaker", "-c",
+                str(self.config_path(name))]
         proc = self.seg.popen(self.host(name).ns, argv, stdout=fh, stderr=fh, env=self.env.get(name))
         fh.close()
         self.procs[name] = proc

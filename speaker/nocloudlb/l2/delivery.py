@@ -16,6 +16,9 @@ The sysctls are checked again on every reconcile (``verify_host``, cheap: two re
 they are set back at once, logged as ``arpSysctlReset``, counted in
 ``nocloudlb_arp_sysctl_resets_total``, shown in ``nocloudlb_arp_sysctl_ok_bool`` and in the
 status (``sysctl_status``). A stricter value (``arp_ignore=2`` or ``8``) is never lowered.
+If one is wrong and cannot be set back (``arp_unsafe``), the layer-2 mode fails closed: the kernel
+would answer for every IPv4 VIP on lo, so none stays there or is announced, and the node publishes
+itself excluded (the drain label) until the sysctl is right again (``failClosed`` in the status).
 
 Addresses this module adds are recorded in a state file (and IPv4 ones carry the label
 ``lo:nocloudlb``), so ``sync_lo_vips`` only ever removes addresses it added itself.
@@ -95,6 +98,7 @@ class SysctlGuard:
         self.resets = 0
         self.last_reset: dict[str, Any] | None = None
         self.error = ""
+        self.unsafe = False  # wrong or unreadable after this check: the layer-2 mode fails closed
         self._lock = threading.Lock()
         self._gauge = self._counter = None
         if registry is not None:
@@ -139,14 +143,15 @@ class SysctlGuard:
             event(self.log, "arpSysctlReset", "a lowered ARP sysctl was set back (something changed it)",
                   logging.ERROR, sysctl=key, old=have, new=want)
         with self._lock:
-            self.ok, self.error = found_ok, "; ".join(errors)
+            self.ok, self.error, self.unsafe = found_ok, "; ".join(errors), bool(errors)
         if self._gauge is not None:
             self._gauge.set(1 if found_ok else 0)
         return found_ok
 
     def status(self) -> dict[str, Any]:
         with self._lock:
-            return {"ok": self.ok, "resets": self.resets, "lastReset": self.last_reset, "error": self.error,
+            return {"ok": self.ok, "failClosed": self.unsafe, "resets": self.resets, "lastReset": self.last_reset,
+                    "error": self.error,
                     "want": {k: f">={v}" for k, v in self.sysctls.items()}}
 
 
@@ -159,6 +164,11 @@ def verify_host() -> bool:
     if _guard is None:
         _guard = SysctlGuard()
     return _guard.verify()
+
+
+def arp_unsafe() -> bool:
+    """True when the last check found an ARP sysctl wrong (or unreadable) and could not set it back."""
+    return _guard is not None and _guard.unsafe
 
 
 def sysctl_status() -> dict[str, Any]:

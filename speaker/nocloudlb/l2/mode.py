@@ -166,6 +166,9 @@ class L2Mode:
         self._ready: set[str] = set()  # planned moves whose forwarding ran
         self._forwarding: set[str] = set()
         self._busy = False
+        # the ARP sysctls are wrong and cannot be set back: the kernel would answer for every IPv4
+        # VIP on lo, so this node holds none there, announces none and publishes itself excluded
+        self.arp_unsafe = False
 
     # -- Mode ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -176,6 +179,7 @@ class L2Mode:
     def apply(self, me: str, nodes: list[NodeView], parsed: Any) -> None:
         self.me = me
         gate = self.gate()
+        self._check_sysctls()
         states = {n.name: n.state for n in nodes}
         my_view = next((n for n in nodes if n.name == me), NodeView(me, {}, "dead"))
         rows: list[VipRow] = []
@@ -220,6 +224,11 @@ class L2Mode:
                         announce[ip] = []
                 rows.append(VipRow(ip, svc.key, pool.name, leader, reason == "", reason, ifaces, bool(mine)))
         final = {ip: v or [] for ip, v in announce.items()}
+        if self.arp_unsafe:  # fail closed: no IPv4 VIP announced (nor on lo, below) while the kernel may answer
+            final = {ip: ifs for ip, ifs in final.items() if ":" in ip}
+            for r in rows:
+                if r.announcing and ":" not in r.ip:
+                    r.announcing, r.reason = False, "arpSysctlUnsafe"
 
         # 1. withdraw first: stop answering for what this node no longer leads, before anything slow
         kept = {ip: ifs for ip, ifs in self._announced.items() if ip in final}
@@ -237,9 +246,9 @@ class L2Mode:
 
         # 2. every VIP this node may serve on lo, before any of them is announced; the ARP sysctls
         # that keep the kernel from answering for them are checked (and re-set) every time
-        if hasattr(self.delivery, "verify_host"):
-            self.delivery.verify_host()
         lo |= self.other_lo()
+        if self.arp_unsafe:
+            lo = {ip for ip in lo if ":" in ip}
         if lo != self._lo_wanted or not lo <= self._lo:
             try:
                 self.delivery.sync_lo_vips(lo, state_file=os.path.join(self.state_dir, "lo-vips.json"))
@@ -350,8 +359,36 @@ class L2Mode:
     def busy(self) -> bool:
         return self._busy
 
+    def _check_sysctls(self) -> None:
+        """Check (and set back) the ARP sysctls; fail closed while one is wrong and cannot be set back."""
+        if not hasattr(self.delivery, "verify_host"):
+            return
+        self.delivery.verify_host()
+        unsafe = bool(getattr(self.delivery, "arp_unsafe", lambda: False)())
+        if unsafe == self.arp_unsafe:
+            return
+        self.arp_unsafe = unsafe
+        if unsafe:
+            logs.event(log, "arpSysctlFailClosed", "ARP sysctls wrong and cannot be set back: the kernel would "
+                       "answer for every IPv4 VIP on lo; withdrawing them from lo and from ARP, and publishing "
+                       "this node as excluded so its peers take its VIPs", logging.ERROR,
+                       error=str(self._sysctl_error())[:300])
+        else:
+            logs.event(log, "arpSysctlSafeAgain", "ARP sysctls set back: this node serves again")
+        self.post()  # publish the change of exclusion and decide again
+
+    def _sysctl_error(self) -> str:
+        status: dict[str, Any] = getattr(self.delivery, "sysctl_status", dict)()
+        return str(status.get("error", ""))
+
     def meta(self) -> dict[str, Any]:
-        """The MACs this node answers from, published so peers know its answers (and forward to it)."""
+        """The MACs this node answers from, published so peers know its answers (and forward to it);
+        ``exclude`` while the node cannot serve safely (see ``_check_sysctls``)."""
+        if self.arp_unsafe:
+            return {**self._macs_meta(), "exclude": True}
+        return self._macs_meta()
+
+    def _macs_meta(self) -> dict[str, Any]:
         try:
             st = self.announcer.stats()
             macs = st.get("macs", {})
