@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import labctl
@@ -200,6 +201,28 @@ def test_restart_comes_back_running(clean: labctl.Lab, hard: bool) -> None:
     inv = clean.inventory_file.read_text()
     assert f'"ansible_nsenter_pid": {clean.pid("n2")}' in inv
     assert last_event(clean, ev["id"], "restarted")["new_pid"] == clean.pid("n2")
+
+
+def test_restart_replaces_a_switch_port_the_old_namespace_left(clean: labctl.Lab) -> None:
+    """The race `fault restart` lost in about half the graceful reboots of the chaos runs, made certain.
+
+    The kernel removes a deleted namespace's veth pairs asynchronously, so the new host could be
+    wired while the old switch port still existed: labctl then made no new pair and failed with
+    'Cannot find device "eth0"'. Here the old pair is kept alive on purpose (n2's eth0 moved to a
+    namespace of the test's before the restart). Before the fix in _wire_host (main at 8b916d6) this
+    raised ``LabError: command failed (rc=1): ip -n nlab-pyt-n2 -b -: Cannot find device "eth0"``;
+    now the old port is removed and n2 comes back wired.
+    """
+    keeper = f"relstale{os.getpid() % 10000}"
+    labctl.run(["ip", "netns", "add", keeper])
+    try:
+        labctl.run(["ip", "-n", clean.host_ns("n2"), "link", "set", "eth0", "netns", keeper])
+        ev = clean.fault_restart("n2")
+        assert ev["state"] == "running"
+        assert ping(clean, "c1", addr(clean, "n2"), count=3) >= 1
+        assert "eth0" not in labctl.ip_links(keeper)  # the old pair is gone with its switch port
+    finally:
+        labctl.run(["ip", "netns", "del", keeper], check=False)
 
 
 def test_undo_of_unknown_fault_names_it(clean: labctl.Lab) -> None:

@@ -761,6 +761,12 @@ class Lab:
         batch_fab, batch_host = [], ["link set lo up"]
         for iface in h["interfaces"]:
             mtu = topo["segments"][iface["segment"]]["mtu"]
+            if iface["port"] in fab_links and iface["name"] not in host_links:
+                # the port's peer is not in this host's namespace: the pair of a namespace that is
+                # gone (restart: the kernel removes the old one's links asynchronously after
+                # `ip netns del`) or elsewhere. Remove it now rather than race that, and make a new pair.
+                self._remove_port(fab, iface["port"])
+                del fab_links[iface["port"]]
             if iface["port"] not in fab_links:
                 if iface["name"] in host_links:  # half of a pair from an interrupted run
                     run(["ip", "-n", hns, "link", "del", iface["name"]])
@@ -781,6 +787,18 @@ class Lab:
             run(["ip", "-n", fab, "-b", "-"], input="\n".join(batch_fab) + "\n")
         run(["ip", "-n", hns, "-b", "-"], input="\n".join(batch_host) + "\n")
         return created
+
+    @staticmethod
+    def _remove_port(fab: str, port: str, timeout: float = 10.0) -> None:
+        """Delete a switch port (and so its veth peer), also while the kernel is deleting it itself."""
+        deadline = time.monotonic() + timeout
+        while port in ip_links(fab):
+            run(["ip", "-n", fab, "link", "del", port], check=False)  # fails when the kernel got there first
+            if port not in ip_links(fab):
+                return
+            if time.monotonic() > deadline:
+                raise LabError(f"switch port {port} in {fab} still there {timeout:.0f} s after deleting it")
+            time.sleep(0.1)
 
     def _write_inventory(self, st: dict[str, Any]) -> bool:
         topo = st["topology"]
