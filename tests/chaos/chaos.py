@@ -424,12 +424,13 @@ def ph_gossip_sockets(c: Chaos) -> None:
 
 
 def restart_host(c: Chaos, host: str, hard: bool) -> None:
-    """labctl's restart, and a repair when it loses the race with the old namespace's teardown.
+    """labctl's restart, and a guard should it fail to re-wire the host.
 
-    The kernel deletes the old network namespace's veth pair asynchronously: when labctl re-wires the
-    host before that is done it finds the old switch port, creates no new pair and fails with
-    'Cannot find device "eth0"' (seen in about half the graceful reboots here). Then the host runs
-    without its link; `up` on the running lab repairs it. The lab's error stays in the phase's record.
+    The kernel deletes the old network namespace's veth pair asynchronously: labctl used to re-wire
+    the host before that was done, find the old switch port, create no new pair and fail with
+    'Cannot find device "eth0"' (about half the graceful reboots of the first runs). labctl's
+    _wire_host now removes such a port itself (tests/lab/test_faults.py); should the restart still
+    fail, `up` on the running lab repairs it and the lab's error stays in the phase's record.
     """
     try:
         c.lab.fault_restart(host, hard=hard, timeout=120)
