@@ -1,8 +1,12 @@
-"""Helpers for the speaker acceptance tests: N real ``nocloudlb speaker`` processes in namespaces.
+"""The speaker tests' one harness: N real ``nocloudlb speaker`` processes in namespaces, and the
+documents, VIP choice and waiting every speaker test shares.
 
-It holds no tests; it is imported by tests/netns/test_speaker_cluster.py and by
-benchmarks/failover.py. Everything it starts runs through ``Segment.popen`` and is killed by
-PID when the segment closes.
+It holds no tests; it is imported by the tests in tests/netns, by benchmarks (failover,
+handover, side_by_side) and by tests/unit/speaker/inproc_speaker.py, the in-process variant (a
+real Speaker whose layer-2 side effects are recorded instead of sent), which takes
+``pool_docs``, ``service_doc``, ``spread_vips`` and ``wait_for`` from here: one definition of
+them. Everything it starts runs through ``Segment.popen`` and is killed by PID when the segment
+closes.
 """
 
 from __future__ import annotations
@@ -30,21 +34,39 @@ POOL_V4 = "198.51.100.200-198.51.100.239"
 POOL_V6 = "2001:db8:1::200-2001:db8:1::23f"
 
 
-def pool_docs() -> list[dict]:
+def pool_docs(node_selectors: list | None = None) -> list[dict]:
+    """Pool ``default`` (IPv4 and IPv6) and an L2Advertisement of it (optionally with nodeSelectors)."""
+    adv: dict[str, Any] = {"ipAddressPools": ["default"]}
+    if node_selectors:
+        adv["nodeSelectors"] = node_selectors
     return [
         {"apiVersion": "metallb.io/v1beta1", "kind": "IPAddressPool", "metadata": {"name": "default"},
          "spec": {"addresses": [POOL_V4, POOL_V6]}},
         {"apiVersion": "metallb.io/v1beta1", "kind": "L2Advertisement", "metadata": {"name": "default"},
-         "spec": {"ipAddressPools": ["default"]}},
+         "spec": adv},
     ]
 
 
-def service_doc(name: str, ips: list[str], policy: str = "Cluster", annotations: dict | None = None) -> dict:
+def service_doc(name: str, ips: str | list[str], policy: str = "Cluster", annotations: dict | None = None) -> dict:
+    """A LoadBalancer Service in namespace ``test`` holding ``ips`` (one address or a list), port 80."""
+    ips = [ips] if isinstance(ips, str) else ips
     return {"apiVersion": "v1", "kind": "Service",
             "metadata": {"name": name, "namespace": "test", "annotations": annotations or {}},
             "spec": {"type": "LoadBalancer", "externalTrafficPolicy": policy,
                      "ports": [{"port": 80, "protocol": "TCP"}]},
             "status": {"loadBalancer": {"ingress": [{"ip": ip} for ip in ips]}}}
+
+
+def wait_for(pred: Callable[[], Any], timeout: float = 10.0, what: str = "condition", step: float = 0.05) -> Any:
+    """``pred()``'s first true value, polled every ``step`` s; AssertionError naming ``what`` after ``timeout``."""
+    end = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out after {timeout}s waiting for: {what}")
+        time.sleep(step)
 
 
 def spread_vips(nodes: list[str], per_node: int = 1, start: str = "198.51.100.200") -> dict[str, str]:
@@ -189,14 +211,7 @@ class SpeakerCluster:
 
     @staticmethod
     def wait(pred: Callable[[], Any], timeout: float, what: str, step: float = 0.05) -> Any:
-        end = time.monotonic() + timeout
-        while True:
-            value = pred()
-            if value:
-                return value
-            if time.monotonic() > end:
-                raise AssertionError(f"timed out after {timeout}s waiting for: {what}")
-            time.sleep(step)
+        return wait_for(pred, timeout, what, step)
 
     def probe(self, ip: str, timeout: float = 0.5) -> list[dict]:
         """Every MAC that answers ARP/NS for ``ip``, asked from the client (real packets)."""

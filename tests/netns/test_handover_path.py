@@ -157,7 +157,7 @@ def test_old_owner_stops_answering_arp_while_its_nft_teardown_is_slow(make_segme
     nft.write_text(NFT_SLOW.format(delay=delay, log=log, nft=shutil.which("nft")))
     nft.chmod(0o755)
     c.env["n2"] = {"PATH": f"{bindir}:{os.environ['PATH']}"}
-    c.start_all()
+    c.start_all(timeout=60)
     assert c.announcing("n1", ip)
     cli = [sys.executable, "-m", "nocloudlb.cli", "label", "--socket", c.sock("n1")]
     assert subprocess.run([*cli, "set", f"{DRAIN_LABEL}=true"], capture_output=True, timeout=10).returncode == 0

@@ -19,7 +19,7 @@ import pytest
 from nocloudlb.core.election import election_order
 from speaker_harness import SpeakerCluster, pool_docs, service_doc
 
-pytestmark = pytest.mark.timeout(150)
+pytestmark = pytest.mark.timeout(300)
 
 CONF = "/proc/sys/net/ipv4/conf/all"
 RO_SYSCTLS = ["unshare", "-m", "sh", "-c",
@@ -41,7 +41,7 @@ def test_unrestorable_arp_sysctl_withdraws_from_lo_and_arp_and_excludes_the_node
     for h in seg.hosts:  # set beforehand (as the role does): n1's speaker cannot write them
         seg.run(h.ns, "sysctl -qw net.ipv4.conf.all.arp_ignore=1 net.ipv4.conf.all.arp_announce=2")
     c.wrap["n1"] = RO_SYSCTLS
-    c.start_all()
+    c.start_all(timeout=60)
     m1, m2 = c.mac("n1"), c.mac("n2")
     c.wait(lambda: [a["mac"] for a in c.probe(v1)] == [m1], 10, "n1 answering its VIP")
     assert [a["mac"] for a in c.probe(v2)] == [m2]
@@ -49,12 +49,12 @@ def test_unrestorable_arp_sysctl_withdraws_from_lo_and_arp_and_excludes_the_node
 
     seg.run(c.host("n1").ns, "sysctl -qw net.ipv4.conf.all.arp_ignore=0")  # outside n1's read-only view
     t0, seen = time.monotonic(), {}
-    while time.monotonic() - t0 < 15:  # on the wire: n2 alone answers both VIPs
+    while time.monotonic() - t0 < 45:  # on the wire: n2 alone answers both VIPs (wide: a loaded machine)
         seen = {ip: sorted(a["mac"] for a in c.probe(ip)) for ip in (v1, v2)}
         if seen == {v1: [m2], v2: [m2]}:
             break
     took = time.monotonic() - t0
-    assert seen == {v1: [m2], v2: [m2]}, f"after 15 s: {seen} (n1 {m1}, n2 {m2})"
+    assert seen == {v1: [m2], v2: [m2]}, f"after 45 s: {seen} (n1 {m1}, n2 {m2})"
     assert not lo_v4(c, "n1")
     assert seg.run(c.host("n1").ns, "sysctl -n net.ipv4.conf.all.arp_ignore").stdout.strip() == "0"
     st = c.status("n1")

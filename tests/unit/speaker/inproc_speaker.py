@@ -16,6 +16,7 @@ import base64
 import logging
 import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -23,11 +24,15 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from nocloudlb.core.election import election_order
 from nocloudlb.daemon import Speaker
 from nocloudlb.membership import Membership, MembershipSettings
 
-POOL = "198.51.100.200-198.51.100.239"
+# the documents, the VIP choice and the waiting come from the one speaker test harness
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "netns"))
+from speaker_harness import pool_docs, service_doc, spread_vips, wait_for  # noqa: E402
+
+__all__ = ["Harness", "Journal", "RecordingAnnouncer", "RecordingDelivery", "alive", "announcer_of", "mac_field",
+           "pool_docs", "run_loop", "service_doc", "vips_led", "wait_for"]
 
 
 def free_port() -> int:
@@ -36,49 +41,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_for(pred: Callable[[], Any], timeout: float = 10.0, what: str = "condition", step: float = 0.02) -> Any:
-    end = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out after {timeout}s waiting for: {what}")
-        time.sleep(step)
-
-
-def pool_docs(node_selectors: list | None = None) -> list[dict]:
-    adv: dict[str, Any] = {"ipAddressPools": ["default"]}
-    if node_selectors:
-        adv["nodeSelectors"] = node_selectors
-    return [
-        {"apiVersion": "metallb.io/v1beta1", "kind": "IPAddressPool", "metadata": {"name": "default"},
-         "spec": {"addresses": [POOL]}},
-        {"apiVersion": "metallb.io/v1beta1", "kind": "L2Advertisement", "metadata": {"name": "default"},
-         "spec": adv},
-    ]
-
-
-def service_doc(name: str, ip: str, policy: str = "Cluster") -> dict:
-    return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": "test"},
-            "spec": {"type": "LoadBalancer", "externalTrafficPolicy": policy,
-                     "ports": [{"port": 80, "protocol": "TCP"}]},
-            "status": {"loadBalancer": {"ingress": [{"ip": ip}]}}}
-
-
 def vips_led(nodes: list[str], per_node: int = 2) -> dict[str, str]:
-    """ip -> leader among ``nodes`` (hash order), ``per_node`` VIPs for each."""
-    out: dict[str, str] = {}
-    count = dict.fromkeys(nodes, 0)
-    for i in range(200, 240):
-        ip = f"198.51.100.{i}"
-        first = election_order(nodes, ip)[0]
-        if count[first] < per_node:
-            count[first] += 1
-            out[ip] = first
-        if all(c >= per_node for c in count.values()):
-            break
-    return out
+    """ip -> leader among ``nodes`` (hash order), ``per_node`` VIPs for each (``spread_vips``)."""
+    return spread_vips(nodes, per_node)
 
 
 class Journal(list):
