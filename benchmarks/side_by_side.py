@@ -64,6 +64,12 @@ SYSTEMS = {
     "keepalived v3 advert 0.1": ("keepalived", {"version": 3, "advert_int": 0.1}),
 }
 PORT = 8090
+NS_PREFIX = "kab"  # namespaces kab<N>-n1.. (netns harness adds a unique suffix)
+# settle waits (s): before a fault, after the owner serves again; after the new owner serves,
+# before asking who answers ARP. Both are past every timer that matters (keepalived's leftover
+# address and a frozen daemon's stay for good; a stopped or drained owner has let go by then).
+SETTLE_BEFORE = 0.5
+SETTLE_AFTER = 1.0
 
 
 def pct(values: list[float], p: float) -> float:
@@ -195,7 +201,7 @@ def run_system(name: str, faults: list[str], trials: int, workdir: Path, rng: ra
     kind, options = SYSTEMS[name]
     vip = next(ip for ip, leader in spread_vips(NODES).items() if leader == "n1")
     owner, successor = election_order(NODES, vip)[:2]
-    seg = make_segment("nssb", hosts=3)
+    seg = make_segment(NS_PREFIX, hosts=3)
     rows: list[dict] = []
     system = None
     try:
@@ -212,15 +218,16 @@ def run_system(name: str, faults: list[str], trials: int, workdir: Path, rng: ra
         try:
             for fault in faults:
                 for trial in range(trials):
+                    t_trial = time.time()
                     SpeakerCluster.wait(lambda: poller.served_by(owner, time.time() - 1.0, streak=3), 60,
                                         f"{name}: {owner} serving {vip} before {fault}")
-                    time.sleep(1.0 + rng.uniform(0, system.period))  # random phase of the timers
+                    time.sleep(SETTLE_BEFORE + rng.uniform(0, system.period))  # random phase of the timers
                     t = system.fault(fault, owner)
                     SpeakerCluster.wait(lambda t=t: poller.served_by(successor, t, streak=3), 60,
                                         f"{name}: {successor} serving after {fault}")
                     garp = SpeakerCluster.wait(lambda t=t: cap.gratuitous(vip, macs[successor], t), 10,
                                                f"{name}: gratuitous ARP from {successor}")
-                    time.sleep(3.0)
+                    time.sleep(SETTLE_AFTER)
                     answering = probe_macs(seg, vip)
                     samples = [s for s in list(poller.samples) if s["t"] >= t]
                     first_ok = next(s["t"] for s in samples if s["ok"] and s["body"] == successor)
@@ -231,7 +238,8 @@ def run_system(name: str, faults: list[str], trials: int, workdir: Path, rng: ra
                            "macs": sorted({next((n for n, m in macs.items() if m == a), a) for a in answering})}
                     rows.append(row)
                     print(f"  {name:26} {fault:8} {trial + 1:2d}/{trials}: garp {row['garp_s'] * 1000:6.0f} ms, "
-                          f"first ok {row['first_ok_s'] * 1000:6.0f} ms, lost {lost:3d}, answering {row['macs']}",
+                          f"first ok {row['first_ok_s'] * 1000:6.0f} ms, lost {lost:3d}, answering {row['macs']} "
+                          f"({time.time() - t_trial:.1f} s)",
                           flush=True)
                     system.undo(fault, owner)
                     # the owner takes its VIP back (both preempt); a keepalived killed -9 left its
