@@ -514,6 +514,23 @@ def png(summary: list[dict], path: Path, trials: int | None = None) -> None:
     plt.close(fig)
 
 
+def neighbour_headroom() -> str | None:
+    """The kernel's ARP table is shared by every namespace: near gc_thresh3 (other labs with many
+    VIPs) new entries fail and every segment goes deaf. A warning naming the fix, or None."""
+    out = subprocess.run(["ip", "-s", "ntable", "show", "name", "arp_cache"], capture_output=True, text=True,
+                         check=False).stdout
+    words = out.split()
+    try:
+        entries = int(words[words.index("entries") + 1])
+        thresh3 = int(words[words.index("thresh3") + 1])
+    except (ValueError, IndexError):
+        return None
+    if entries < 0.8 * thresh3:
+        return None
+    return (f"the kernel's ARP table holds {entries} entries of gc_thresh3 {thresh3} (shared by every namespace): "
+            "raise it, e.g. sysctl -w net.ipv4.neigh.default.gc_thresh3=16384 net.ipv4.neigh.default.gc_thresh2=8192")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--trials", type=int, default=20)
@@ -559,6 +576,9 @@ def main() -> int:
     if bad:
         print(f"unknown fault, system or condition: {', '.join(bad)}", file=sys.stderr)
         return 2
+    warning = neighbour_headroom()
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)
     t0 = time.time()
     if a.false_failover:
         ffrows: list[dict] = []
