@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import random
+import re
 import signal
 import statistics
 import subprocess
@@ -528,6 +529,29 @@ def png(summary: list[dict], path: Path, trials: int | None = None) -> None:
     plt.close(fig)
 
 
+LOG_ROW = re.compile(r"^  (?P<system>.+?) +(?P<fault>kill|freeze|linkdown|stop|drain) +(?P<trial>\d+)/(?P<trials>\d+): "
+                     r"garp +(?P<garp>-?\d+) ms, first ok +(?P<ok>-?\d+) ms, lost +(?P<lost>\d+), "
+                     r"answering \[(?P<macs>[^]]*)\]")
+
+
+def rows_from_log(path: Path) -> dict:
+    """Rows of a run from its printed log (a run that died before writing its JSON): cells with
+    every trial printed are kept, partial cells are left out (re-run them with --faults)."""
+    rows = []
+    for line in path.read_text().splitlines():
+        m = LOG_ROW.match(line)
+        if m:
+            macs = [x.strip().strip("'") for x in m["macs"].split(",") if x.strip()]
+            rows.append({"system": m["system"], "fault": m["fault"], "trial": int(m["trial"]),
+                         "trials": int(m["trials"]), "garp_s": int(m["garp"]) / 1000,
+                         "first_ok_s": int(m["ok"]) / 1000, "lost": int(m["lost"]), "two_macs": len(macs) > 1,
+                         "macs": macs, "from_log": True})
+    complete = {(r["system"], r["fault"]) for r in rows if r["trial"] == r["trials"]}
+    kept = [r for r in rows if (r["system"], r["fault"]) in complete]
+    trials = min((r["trials"] for r in kept), default=0)
+    return {"trials": trials, "rows": kept, "notes": {"from_log": str(path.name)}}
+
+
 def neighbour_headroom() -> str | None:
     """The kernel's ARP table is shared by every namespace: near gc_thresh3 (other labs with many
     VIPs) new entries fail and every segment goes deaf. A warning naming the fix, or None."""
@@ -567,7 +591,7 @@ def main() -> int:
                     help="the busy loop beside the master: nice -20, or SCHED_FIFO 50 (RT throttling leaves 5 %%)")
     a = ap.parse_args()
     if a.replot:
-        parts = [json.loads(p.read_text()) for p in a.replot]
+        parts = [json.loads(p.read_text()) if p.suffix == ".json" else rows_from_log(p) for p in a.replot]
         rows = [r for d in parts for r in d["rows"]]
         trials = min(d["trials"] for d in parts)
         summary = summarize(rows)
