@@ -111,11 +111,19 @@ bench-failover: deps venv
 	$(PY) benchmarks/failover.py --kills 20 --keepalived
 
 # keepalived side by side with the speaker (docs/benchmarks.md): 5 faults x 4 systems x
-# TRIALS at a random phase; about an hour at 20 trials.
+# TRIALS at a random phase; about 45 minutes at 20 trials on an idle 2-core machine.
 TRIALS ?= 20
 bench-side-by-side: deps venv
 	$(PY) benchmarks/side_by_side.py --trials $(TRIALS) --json docs/images/side_by_side.json \
 		--png docs/images/side_by_side.png
+
+# False failovers of the same four systems: MINUTES under 10 % loss each way and under a CPU hog
+# beside the master, every system and condition at once in one window.
+MINUTES ?= 10
+.PHONY: bench-false-failover
+bench-false-failover: deps venv
+	$(PY) benchmarks/side_by_side.py --false-failover --minutes $(MINUTES) \
+		--json docs/images/false_failovers.json
 
 build: venv
 	$(BIN)/ansible-galaxy collection build --force --output-path dist .

@@ -13,6 +13,9 @@ names next, and reports:
   failures          each failed request: seconds after the fault, and the error
   served_by         [seconds after the fault, node] each time the node serving the VIP changed
 Then it undoes the fault and waits until the original owner serves again (restored_s).
+``--fault watch --command CMD`` (no --host) only watches while CMD runs (a migration): command_rc,
+http_requests, http_failed, longest_outage_s, failures, served_by and announcers (every node whose
+MAC sent a gratuitous ARP or an ARP reply for the VIP, with its first time), from an ARP-only capture.
 One JSON object on stdout. Usage: measure.py --lab l2 --vip IP --port 8080 --fault kill --host n1
 """
 
@@ -120,6 +123,61 @@ def outage(samples: list[dict]) -> tuple[int, float]:
     return failed, round(longest, 3)
 
 
+def http_report(samples: list[dict], t0: float) -> dict:
+    """Requests, failures (each, seconds after t0), the longest outage and each change of the node serving."""
+    out: dict = {"http_requests": len(samples)}
+    out["http_failed"], out["longest_outage_s"] = outage(samples)
+    out["failures"] = [{"t": round(s["t"] - t0, 3), "error": s["body"]} for s in samples if not s["ok"]][:20]
+    out["served_by"], last = [], None
+    for s in samples:
+        if s["ok"] and s["body"] != last:
+            out["served_by"].append([round(s["t"] - t0, 3), s["body"]])
+            last = s["body"]
+    return out
+
+
+def announcers(events: list[dict], vip: str, t0: float, host_of_mac: dict[str, str]) -> dict[str, float]:
+    """Node (or MAC) -> seconds after t0 of its first gratuitous ARP / ARP reply / NA for the VIP."""
+    firsts: dict[str, float] = {}
+    for e in events:
+        if e["t"] < t0 or not (
+                (e["kind"] == "arp" and e["sender_ip"] == vip and e["op"] in ("request", "reply")
+                 and (e["gratuitous"] or e["op"] == "reply"))
+                or (e["kind"] == "ndp" and e.get("type") == "na" and e.get("target") == vip)):
+            continue
+        mac = (e.get("sender_mac") or e.get("lladdr") or e.get("src_mac") or "").lower()
+        firsts.setdefault(host_of_mac.get(mac, mac), round(e["t"] - t0, 3))
+    return firsts
+
+
+def run_command(command: str, timeout: float, result: dict) -> None:
+    proc = subprocess.run(command, shell=True, capture_output=True, text=True, timeout=timeout, check=False)
+    result["command_rc"] = proc.returncode
+    if proc.returncode != 0:
+        result["command_output"] = (proc.stdout + proc.stderr)[-3000:]
+
+
+def watch(a: argparse.Namespace, host_of_mac: dict[str, str], url: str) -> dict:
+    """--fault watch: measure while --command runs, nothing injected, nothing undone."""
+    poller = Poller(a.lab, a.client, url, a.timeout + 60)
+    capture = json.loads(labctl(a.lab, "capture", "start", a.segment, "--filter", "arp"))
+    result: dict = {"fault": "watch", "vip": a.vip}
+    try:
+        time.sleep(2)
+        t0 = time.time()
+        run_command(a.command, a.timeout, result)
+        time.sleep(1)
+        result["seconds"] = round(time.time() - t0, 1)
+        result.update(http_report(poller.since(t0), t0))
+    finally:
+        labctl(a.lab, "capture", "stop", capture["name"], check=False)
+        poller.close()
+    events = json.loads(labctl(a.lab, "capture", "read", capture["pcap"], "--kinds", "arp"))
+    result["announcers"] = announcers(events, a.vip, t0, host_of_mac)
+    Path(capture["pcap"]).unlink(missing_ok=True)
+    return result
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--lab", required=True)
@@ -127,9 +185,9 @@ def main() -> int:
     ap.add_argument("--port", type=int, default=8080)
     ap.add_argument("--client", default="c1")
     ap.add_argument("--segment", default="lan")
-    ap.add_argument("--fault", required=True, choices=["kill", "freeze", "link-down", "command"])
-    ap.add_argument("--host", required=True, help="the node the fault hits (the VIP's owner)")
-    ap.add_argument("--command", help="for --fault command: shell command to run (e.g. a drain playbook)")
+    ap.add_argument("--fault", required=True, choices=["kill", "freeze", "link-down", "command", "watch"])
+    ap.add_argument("--host", help="the node the fault hits (the VIP's owner); every fault but watch")
+    ap.add_argument("--command", help="for --fault command or watch: shell command to run (e.g. a drain playbook)")
     ap.add_argument("--undo-command", help="for --fault command: shell command that undoes it")
     ap.add_argument("--expect-after", help="the owner expected once the fault or command is done "
                     "(default: the next node in the VIP's order)")
@@ -142,9 +200,14 @@ def main() -> int:
     nodes = sorted(inv["children"]["speakers"]["hosts"])
     macs = {h: inv["hosts"][h]["lab_interfaces"][0]["mac"].lower() for h in nodes}
     host_of_mac = {m: h for h, m in macs.items()}
+    url = f"http://[{a.vip}]:{a.port}/" if ":" in a.vip else f"http://{a.vip}:{a.port}/"
+    if a.fault == "watch" or not a.host:
+        if a.fault != "watch" or not a.command:
+            ap.error("--host is required, except with --fault watch, which requires --command")
+        print(json.dumps(watch(a, host_of_mac, url), sort_keys=True))
+        return 0
     expected_old = order(nodes, a.vip)[0]
     expected_new = a.expect_after or order([n for n in nodes if n != a.host], a.vip)[0]
-    url = f"http://[{a.vip}]:{a.port}/" if ":" in a.vip else f"http://{a.vip}:{a.port}/"
     result: dict = {"fault": a.fault, "host": a.host, "vip": a.vip, "expected_owner_before": expected_old,
                     "expected_owner_after": expected_new}
 
@@ -168,11 +231,7 @@ def main() -> int:
             fault = json.loads(labctl(a.lab, "fault", "link-down", a.host))
         else:
             t = time.time()
-            proc = subprocess.run(a.command, shell=True, capture_output=True, text=True, timeout=a.timeout * 2,
-                                  check=False)
-            result["command_rc"] = proc.returncode
-            if proc.returncode != 0:
-                result["command_output"] = (proc.stdout + proc.stderr)[-3000:]
+            run_command(a.command or "true", a.timeout * 2, result)
             fault = {"ts": t, "id": None}
         undo_id = fault.get("id")
         t_fault = float(fault["ts"])
@@ -181,27 +240,12 @@ def main() -> int:
         samples = poller.since(t_fault)
         result["new_owner_http"] = next((s["body"] for s in reversed(samples) if s["ok"]), None)
         result["http_back_s"] = round(t_back - t_fault, 3) if t_back else None
-        result["http_requests"], (result["http_failed"], result["longest_outage_s"]) = len(samples), outage(samples)
         # for a report that has to explain itself: each failed request, and when the serving node changed
-        result["failures"] = [{"t": round(s["t"] - t_fault, 3), "error": s["body"]}
-                              for s in samples if not s["ok"]][:20]
-        result["served_by"], last = [], None
-        for s in samples:
-            if s["ok"] and s["body"] != last:
-                result["served_by"].append([round(s["t"] - t_fault, 3), s["body"]])
-                last = s["body"]
+        result.update(http_report(samples, t_fault))
     finally:
         labctl(a.lab, "capture", "stop", capture["name"], check=False)
     events = json.loads(labctl(a.lab, "capture", "read", capture["pcap"], "--kinds", "arp,ndp"))
-    announce = [e for e in events if e["t"] >= t_fault and (
-        (e["kind"] == "arp" and e["sender_ip"] == a.vip and e["op"] in ("request", "reply")
-         and (e["gratuitous"] or e["op"] == "reply"))
-        or (e["kind"] == "ndp" and e.get("type") == "na" and e.get("target") == a.vip))]
-    firsts: dict[str, float] = {}
-    for e in announce:
-        mac = (e.get("sender_mac") or e.get("lladdr") or e.get("src_mac") or "").lower()
-        firsts.setdefault(host_of_mac.get(mac, mac), e["t"])
-    result["announcers"] = {h: round(t - t_fault, 3) for h, t in firsts.items()}
+    result["announcers"] = announcers(events, a.vip, t_fault, host_of_mac)
     result["first_announce_s"] = result["announcers"].get(expected_new)
     Path(capture["pcap"]).unlink(missing_ok=True)
 
