@@ -124,6 +124,19 @@ def proc_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+def proc_runq_wait(pid: int) -> float:
+    """Seconds the threads of ``pid`` spent runnable but waiting for a CPU (/proc/PID/task/*/schedstat):
+    how starved the process is, whatever starves it."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/schedstat") as fh:
+                total += int(fh.read().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    return total / 1e9
+
+
 def proc_rss_mb(pid: int) -> float:
     with open(f"/proc/{pid}/statm") as fh:
         return int(fh.read().split()[1]) * PAGE / 2**20
@@ -156,12 +169,14 @@ def steady_window(c: SpeakerCluster, logs: Logs, window: float) -> dict[str, Any
     pids = {n: c.procs[n].pid for n in c.names}
     n0 = {n: nft_counters(seg, ns) for n, ns in hosts.items()}
     c0 = {n: proc_cpu(p) for n, p in pids.items()}
+    w0 = {n: proc_runq_wait(p) for n, p in pids.items()}
     m0 = machine_busy()
     t0 = time.time()
     time.sleep(window)
     t1 = time.time()
     m1 = machine_busy()
     c1 = {n: proc_cpu(p) for n, p in pids.items()}
+    w1 = {n: proc_runq_wait(p) for n, p in pids.items()}
     n1 = {n: nft_counters(seg, ns) for n, ns in hosts.items()}
     rss = {n: proc_rss_mb(p) for n, p in pids.items()}
     dt_ = t1 - t0
@@ -171,7 +186,8 @@ def steady_window(c: SpeakerCluster, logs: Logs, window: float) -> dict[str, Any
         p = sum(n1[n][k][0] - n0[n][k][0] for k in n1[n])
         tcp_b = n1[n]["gossip_tcp"][1] - n0[n]["gossip_tcp"][1]
         per[n] = {"bytes_s": b / dt_, "pkts_s": p / dt_, "tcp_bytes_s": tcp_b / dt_,
-                  "cpu_pct": (c1[n] - c0[n]) / dt_ * 100, "rss_mb": rss[n]}
+                  "cpu_pct": (c1[n] - c0[n]) / dt_ * 100, "rss_mb": rss[n],
+                  "runq_wait_ms_s": (w1[n] - w0[n]) / dt_ * 1000}
     logs.poll()
     false = [e for e in logs.since(t0) if e["event"] in ("nodeSuspect", "nodeFailed", "memberlistRefuted")
              and e["t"] <= t1]
@@ -182,7 +198,8 @@ def steady_window(c: SpeakerCluster, logs: Logs, window: float) -> dict[str, Any
         return {"mean": statistics.mean(vals), "max": max(vals), "min": min(vals)}
 
     speakers_total = sum(v["cpu_pct"] for v in per.values())
-    return {"seconds": dt_, "speakers_cpu_machine_pct": speakers_total / (os.cpu_count() or 1),
+    return {"seconds": dt_, "runq_wait_ms_s": agg("runq_wait_ms_s"),
+            "speakers_cpu_machine_pct": speakers_total / (os.cpu_count() or 1),
             "bytes_s": agg("bytes_s"), "pkts_s": agg("pkts_s"), "tcp_bytes_s": agg("tcp_bytes_s"),
             "cpu_pct": agg("cpu_pct"), "rss_mb": agg("rss_mb"),
             "machine_busy_pct": 100 * (1 - idle / total) if total else float("nan"),
@@ -283,6 +300,7 @@ def _ms(v: float | None) -> str:
 def table(results: list[dict]) -> str:
     hdr = (f"{'profile':7} {'members':>7} {'dead p50':>9} {'dead max':>9} {'all p50':>8} {'all max':>8} "
            f"{'B/s/node':>9} {'pkt/s':>6} {'CPU %':>6} {'CPUmax':>6} {'RSS MB':>6} {'sum':>5} {'machine':>7} "
+           f"{'wait':>5} "
            f"{'false':>5}  notes")
     lines = [hdr, "-" * len(hdr)]
     for r in results:
@@ -296,7 +314,8 @@ def table(results: list[dict]) -> str:
             f"{_ms(da.get('p50')):>8} {_ms(da.get('max')):>8} {s['bytes_s']['mean']:9.0f} {s['pkts_s']['mean']:6.1f} "
             f"{s['cpu_pct']['mean']:6.1f} {s['cpu_pct']['max']:6.1f} {s['rss_mb']['mean']:6.1f} "
             f"{s['speakers_cpu_machine_pct']:4.0f}% "
-            f"{s['machine_busy_pct']:6.0f}% {r.get('false_suspicions', 0):5d}  {r['broke'] or 'ok'}")
+            f"{s['machine_busy_pct']:6.0f}% {s.get('runq_wait_ms_s', {}).get('mean', float('nan')):5.0f} "
+            f"{r.get('false_suspicions', 0):5d}  {r['broke'] or 'ok'}")
     return "\n".join(lines)
 
 
@@ -306,7 +325,8 @@ def plot(results: list[dict], path: Path, command: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.6))
+    fig, grid = plt.subplots(2, 2, figsize=(13, 8.5))
+    axes = list(grid.flat)
     colors = {"lan": "tab:blue", "fast": "tab:orange"}
     for profile in sorted({r["profile"] for r in results}):
         rs = [r for r in results if r["profile"] == profile and "steady" in r and r.get("detect_first")]
@@ -331,12 +351,18 @@ def plot(results: list[dict], path: Path, command: str) -> None:
                      label=f"{profile}: all speakers, % of the machine")
         axes[2].plot(xs, [r["steady"]["machine_busy_pct"] for r in rs], ":", color=col, alpha=0.4,
                      label=f"{profile}: machine busy (other jobs too)")
+        axes[3].plot(xs, [r.get("false_suspicions", 0) for r in rs], "o-", color=col,
+                     label=f"{profile}: suspicions of unharmed members (whole run)")
     axes[0].set(xlabel="members", ylabel="kill -9 to declared dead (ms)", title="Failure detection")
+    axes[3].set(xlabel="members", ylabel="events (count)", title="False suspicions (nodeSuspect/nodeFailed "
+                "of members never harmed)")
     axes[1].set(xlabel="members", ylabel="gossip sent per node (kB/s)", title="Gossip traffic per node")
     axes[2].set(xlabel="members", ylabel="CPU (%)", title="CPU: per speaker (% of a core), all (% of 2 cores)")
     for ax in axes:
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.set_ylim(bottom=0)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
     fig.suptitle(f"nocloudlb speakers in namespaces on one 2-core machine (shared with other jobs)\n{command}",
                  fontsize=8)
     fig.tight_layout()
@@ -365,7 +391,16 @@ def main() -> int:
     ap.add_argument("--prefix", default="sz", help="namespace name prefix")
     ap.add_argument("--json", type=Path, default=None, help="write the results here")
     ap.add_argument("--png", type=Path, default=None, help="write the plot here")
+    ap.add_argument("--replot", type=Path, default=None,
+                    help="print the table of a JSON written before and (with --png) plot it again; runs nothing")
     a = ap.parse_args()
+    if a.replot:
+        doc = json.loads(a.replot.read_text())
+        print(table(doc["results"]))
+        if a.png:
+            plot(doc["results"], a.png, doc["command"])
+            print(f"wrote {a.png}")
+        return 0
     if os.geteuid() != 0:
         print("run as root (network namespaces)", file=sys.stderr)
         return 2
