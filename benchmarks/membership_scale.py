@@ -137,6 +137,15 @@ def proc_runq_wait(pid: int) -> float:
     return total / 1e9
 
 
+def cpu_pressure() -> float:
+    """/proc/pressure/cpu ``some`` total (microseconds some runnable task waited for a CPU), or -1."""
+    try:
+        with open("/proc/pressure/cpu") as fh:
+            return float(fh.readline().rsplit("total=", 1)[1])
+    except (OSError, IndexError, ValueError):
+        return -1.0
+
+
 def proc_rss_mb(pid: int) -> float:
     with open(f"/proc/{pid}/statm") as fh:
         return int(fh.read().split()[1]) * PAGE / 2**20
@@ -171,9 +180,11 @@ def steady_window(c: SpeakerCluster, logs: Logs, window: float) -> dict[str, Any
     c0 = {n: proc_cpu(p) for n, p in pids.items()}
     w0 = {n: proc_runq_wait(p) for n, p in pids.items()}
     m0 = machine_busy()
+    p0 = cpu_pressure()
     t0 = time.time()
     time.sleep(window)
     t1 = time.time()
+    p1 = cpu_pressure()
     m1 = machine_busy()
     c1 = {n: proc_cpu(p) for n, p in pids.items()}
     w1 = {n: proc_runq_wait(p) for n, p in pids.items()}
@@ -199,6 +210,7 @@ def steady_window(c: SpeakerCluster, logs: Logs, window: float) -> dict[str, Any
 
     speakers_total = sum(v["cpu_pct"] for v in per.values())
     return {"seconds": dt_, "runq_wait_ms_s": agg("runq_wait_ms_s"),
+            "cpu_pressure_pct": (p1 - p0) / 1e6 / dt_ * 100 if p0 >= 0 else None,
             "speakers_cpu_machine_pct": speakers_total / (os.cpu_count() or 1),
             "bytes_s": agg("bytes_s"), "pkts_s": agg("pkts_s"), "tcp_bytes_s": agg("tcp_bytes_s"),
             "cpu_pct": agg("cpu_pct"), "rss_mb": agg("rss_mb"),
