@@ -202,6 +202,10 @@ def steady_window(c: SpeakerCluster, logs: Logs, window: float) -> dict[str, Any
     logs.poll()
     false = [e for e in logs.since(t0) if e["event"] in ("nodeSuspect", "nodeFailed", "memberlistRefuted")
              and e["t"] <= t1]
+    counts: dict[str, int] = {}
+    for e in logs.since(t0):
+        if e["t"] <= t1:
+            counts[e["event"]] = counts.get(e["event"], 0) + 1
     total, idle = m1[0] - m0[0], m1[1] - m0[1]
 
     def agg(key: str) -> dict[str, float]:
@@ -215,7 +219,7 @@ def steady_window(c: SpeakerCluster, logs: Logs, window: float) -> dict[str, Any
             "bytes_s": agg("bytes_s"), "pkts_s": agg("pkts_s"), "tcp_bytes_s": agg("tcp_bytes_s"),
             "cpu_pct": agg("cpu_pct"), "rss_mb": agg("rss_mb"),
             "machine_busy_pct": 100 * (1 - idle / total) if total else float("nan"),
-            "loadavg": os.getloadavg()[0], "false_events": false, "per_node": per}
+            "loadavg": os.getloadavg()[0], "false_events": false, "event_counts": counts, "per_node": per}
 
 
 def trial(c: SpeakerCluster, logs: Logs, rng: random.Random, profile: str, detect_timeout: float,
