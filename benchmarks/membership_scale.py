@@ -291,7 +291,7 @@ def run_size(profile: str, n: int, a: argparse.Namespace, workdir: Path, rng: ra
         res["detect_first"] = {"p50": pct(firsts, 0.5), "max": max(firsts) if firsts else None, "n": len(firsts)}
         res["detect_all"] = {"p50": pct(alls, 0.5), "max": max(alls) if alls else None, "n": len(alls)}
         missed = [t for t in trials if t["all"] is None]
-        false = len(res["steady"]["false_events"]) + sum(len(t["false_events"]) for t in trials)
+        false = len(res["steady"]["false_events"]) + sum(len(t["false_events"]) for t in trials)  # lists here
         res["false_suspicions"] = false
         reasons = []
         if missed:
@@ -386,11 +386,34 @@ def plot(results: list[dict], path: Path, command: str) -> None:
     fig.savefig(path, dpi=110)
 
 
+def slim_events(events: list[dict], keep: int = 20) -> dict[str, Any]:
+    """A list of false events as counts by event and by suspected node, with the first ``keep`` kept."""
+    by_event: dict[str, int] = {}
+    by_node: dict[str, int] = {}
+    for e in events:
+        by_event[e["event"]] = by_event.get(e["event"], 0) + 1
+        by_node[str(e["node"])] = by_node.get(str(e["node"]), 0) + 1
+    return {"count": len(events), "by_event": by_event, "by_node": by_node, "first": events[:keep]}
+
+
+def slim(results: list[dict]) -> list[dict]:
+    out = []
+    for r in results:
+        r = json.loads(json.dumps(r, default=str))
+        if "steady" in r and isinstance(r["steady"].get("false_events"), list):
+            r["steady"]["false_events"] = slim_events(r["steady"]["false_events"])
+        for t in r.get("trials", []):
+            if isinstance(t.get("false_events"), list):
+                t["false_events"] = slim_events(t["false_events"], keep=5)
+        out.append(r)
+    return out
+
+
 def write_json(path: Path, command: str, seed: int, started: float, a: argparse.Namespace,
                results: list[dict]) -> None:
     doc = {"command": command, "seed": seed, "started": started, "seconds": time.time() - started,
            "profiles": {p: PROFILES[p] for p in a.profiles.split(",")},
-           "machine": {"cpus": os.cpu_count(), "uname": os.uname().release}, "results": results}
+           "machine": {"cpus": os.cpu_count(), "uname": os.uname().release}, "results": slim(results)}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
 
