@@ -177,7 +177,7 @@ def table(results: list[dict]) -> str:
             return "-" if x is None else f"{x['wall']:.1f}"
 
         def u(x: dict | None) -> str:
-            return "-" if x is None else f"{x['cpu']:.1f}"
+            return "-" if x is None or "cpu" not in x else f"{x['cpu']:.1f}"
 
         def c(x: dict | None) -> str:
             return "-" if x is None else str(x["changed"])
@@ -215,8 +215,10 @@ def plot(results: list[dict], growth_rows: list[dict], path: Path, command: str)
             name = {"first": "first run (empty nodes)", "second": "second run (changed=0)",
                     "add": "one service added"}[label]
             axes[0].plot(*zip(*pts, strict=True), style, label=f"{name}, wall")
-            cpts = [(r["services"], r["runs"][label]["cpu"]) for r in ok if label in r["runs"]]
-            axes[0].plot(*zip(*cpts, strict=True), style[0] + ":", alpha=0.5, label=f"{name}, CPU")
+            cpts = [(r["services"], r["runs"][label]["cpu"]) for r in ok
+                    if label in r["runs"] and "cpu" in r["runs"][label]]
+            if cpts:
+                axes[0].plot(*zip(*cpts, strict=True), style[0] + ":", alpha=0.5, label=f"{name}, CPU")
     axes[0].set(xlabel="services", ylabel="site.yml wall time / CPU time (s)", title="site.yml on three lab nodes")
     for r in growth_rows[:6]:
         xs = list(r["times"])
@@ -266,7 +268,21 @@ def main() -> int:
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--png", type=Path, default=None)
     ap.add_argument("--keep", action="store_true", help="leave the last lab up")
+    ap.add_argument("--replot", type=Path, nargs="+", default=None,
+                    help="merge the results of JSON files written before (one size each or more), print the "
+                         "tables and (with --json/--png) write them again; runs nothing")
     a = ap.parse_args()
+    if a.replot:
+        docs = [json.loads(p.read_text()) for p in a.replot]
+        merged: dict[int, dict] = {}
+        for d in docs:
+            for r in d["results"]:
+                if r.get("runs") or r["services"] not in merged:
+                    merged[r["services"]] = r
+        results = [merged[n] for n in sorted(merged)]
+        command = " + ".join(d["command"] for d in docs)
+        report(results, command, a.json, a.png, docs[0]["started"])
+        return 0
     if os.geteuid() != 0:
         print("run as root (the lab)", file=sys.stderr)
         return 2
@@ -288,19 +304,23 @@ def main() -> int:
                 print(f"    N={n}: {exc}", flush=True)
             if a.json:
                 write_json(a.json, command, started, results)
+    report(results, command, a.json, a.png, started)
+    return 0 if all(not r.get("error") for r in results) else 1
+
+
+def report(results: list[dict], command: str, json_path: Path | None, png: Path | None, started: float) -> None:
     print(f"\nsite.yml on three lab nodes: wall time per run ({command})\n")
     print(table(results))
     rows = {label: growth(results, label) for label in ("first", "second", "add")}
-    for label in ("second", "first"):
+    for label in ("second", "first", "add"):
         print()
         print(growth_table(rows[label], label))
-    if a.json:
-        write_json(a.json, command, started, results, rows)
-        print(f"\nwrote {a.json}")
-    if a.png:
-        plot(results, rows["second"], a.png, command)
-        print(f"wrote {a.png}")
-    return 0 if all(not r.get("error") for r in results) else 1
+    if json_path:
+        write_json(json_path, command, started, results, rows)
+        print(f"\nwrote {json_path}")
+    if png:
+        plot(results, rows["second"], png, command)
+        print(f"wrote {png}")
 
 
 def write_json(path: Path, command: str, started: float, results: list[dict],
