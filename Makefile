@@ -13,12 +13,13 @@ APT_PACKAGES := debootstrap iproute2 iputils-ping arping tcpdump nftables curl n
 # by the monitoring tests when present; not installed here, as it starts a server.
 APT_PACKAGES += graphviz
 
-.PHONY: help deps venv lint unit fuzz fuzz-long sanity netns labtests molecule install-test docs-check test lab lab-down bench bench-failover bench-side-by-side build clean chaos chaos-short
+.PHONY: help deps venv lint unit fuzz fuzz-long sanity netns labtests molecule install-test docs-check test lab lab-down bench bench-long bench-failover bench-side-by-side build clean chaos chaos-short
 
 help:
 	@echo "make test   - install what is needed, then run lint, unit, sanity, namespace and molecule tests"
 	@echo "make lab    - build the lab (namespaces + systemd hosts) and run site.yml on it"
 	@echo "make bench  - run the benchmarks and print their figures"
+	@echo "make bench-long - membership (3-80 speakers) and site.yml (10-1,000 services) at size; writes docs/images"
 	@echo "make chaos  - every chaos fault on the lab; writes docs/chaos.md and docs/images/chaos-timeline.png"
 
 deps:
@@ -105,6 +106,17 @@ bench: deps venv
 	$(PY) benchmarks/handover.py --cycles 5
 	$(PY) benchmarks/dataplane.py --seconds 5
 	$(PY) benchmarks/bgp.py --runs 3
+	$(PY) benchmarks/membership_scale.py --sizes 3,5 --trials 3 --window 10
+	$(PY) benchmarks/ansible_scale.py --sizes 10
+
+# The long benchmarks at full size (docs/benchmarks.md "Membership at size", "Ansible at size"):
+# 3 to 80 speakers x 2 profiles (about 50 min), site.yml with 10, 300, 1,000 services (about 40-60 min);
+# they rewrite the JSON and PNG under docs/images/.
+bench-long: deps venv
+	$(PY) benchmarks/membership_scale.py --sizes 3,5,10,20,40,60,80 --trials 8 --window 30 \
+		--json docs/images/membership_scale.json --png docs/images/membership_scale.png
+	$(PY) benchmarks/ansible_scale.py --sizes 10,300,1000 \
+		--json docs/images/ansible_scale.json --png docs/images/ansible_scale.png
 
 # About 8 minutes: 20 kill -9 per profile, keepalived beside the speaker.
 bench-failover: deps venv
