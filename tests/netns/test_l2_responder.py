@@ -130,11 +130,19 @@ def test_child_that_cannot_start_leaves_the_announcer_answering(lab):
 
 
 COUNT = r"""
-import sys, time
-from scapy.all import ARP, Ether, get_if_hwaddr, sendp
-mine4, n = sys.argv[1], int(sys.argv[2])
+import socket, sys, time
+from scapy.all import (ARP, Ether, ICMPv6ND_NS, ICMPv6NDOptSrcLLAddr, IPv6, get_if_hwaddr, in6_getnsma, in6_getnsmac,
+                       inet_pton, sendp)
+mine4, mine6, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
 mac = get_if_hwaddr("eth0")
-frames = [Ether(dst="ff:ff:ff:ff:ff:ff", src=mac) / ARP(op=1, hwsrc=mac, psrc=mine4, pdst=ip) for ip in sys.argv[3:]]
+frames = []
+for ip in sys.argv[4:]:
+    if ":" in ip:
+        group = socket.inet_ntop(socket.AF_INET6, in6_getnsma(inet_pton(socket.AF_INET6, ip)))
+        frames.append(Ether(src=mac, dst=in6_getnsmac(inet_pton(socket.AF_INET6, group))) / IPv6(src=mine6, dst=group)
+                      / ICMPv6ND_NS(tgt=ip) / ICMPv6NDOptSrcLLAddr(lladdr=mac))
+    else:
+        frames.append(Ether(dst="ff:ff:ff:ff:ff:ff", src=mac) / ARP(op=1, hwsrc=mac, psrc=mine4, pdst=ip))
 sendp(frames * n, iface="eth0", verbose=False, inter=0.002)
 """
 
@@ -144,21 +152,22 @@ def test_filter_passes_only_requests_for_answered_addresses(lab):
     n1 = seg.hosts[0]
     a1 = L2Agent(seg, n1.ns, "n1")
     try:
-        a1.set({VIP4: []}, skip_check=[VIP4])
+        a1.set({VIP4: [], VIP6: []}, skip_check=[VIP4, VIP6])
         _wait(a1, lambda s: s["responder"]["up"] and s["responder"].get("exact", {}).get("eth0"))
         time.sleep(0.3)
         before = a1.stats()["responder"]
         rx0 = int(seg.run(n1.ns, "cat /sys/class/net/eth0/statistics/rx_packets").stdout)
-        # 40 requests for the VIP, 200 for addresses it does not answer (n1's own, one on lo, unused)
+        # 40 requests for the VIPs, 300 for addresses it does not answer (n1's own, one on lo, unused, and
+        # an IPv6 address whose last 32 bits are VIP6's)
         c = seg.client
-        seg.run(c.ns, [sys.executable, "-c", COUNT, c.ipv4, "40", VIP4], timeout=60)
-        seg.run(c.ns, [sys.executable, "-c", COUNT, c.ipv4, "50", n1.ipv4, OTHER4, "198.51.100.250",
-                       "192.0.2.77"], timeout=60)
+        seg.run(c.ns, [sys.executable, "-c", COUNT, c.ipv4, c.ipv6, "20", VIP4, VIP6], timeout=60)
+        seg.run(c.ns, [sys.executable, "-c", COUNT, c.ipv4, c.ipv6, "50", n1.ipv4, OTHER4, "198.51.100.250",
+                       "192.0.2.77", n1.ipv6, "2001:db8:7::200"], timeout=60)
         st = _wait(a1, lambda s: s["responder"]["answered"]["eth0"] - before["answered"]["eth0"] >= 40)["responder"]
         rx1 = int(seg.run(n1.ns, "cat /sys/class/net/eth0/statistics/rx_packets").stdout)
         to_python = st["rx"]["eth0"] - before["rx"]["eth0"]
-        assert rx1 - rx0 >= 240, "the requests did not reach n1"
-        # the 40 VIP requests reach Python; the 200 others stop in the kernel (a few stray frames allowed)
+        assert rx1 - rx0 >= 340, "the requests did not reach n1"
+        # the 40 VIP requests reach Python; the 300 others stop in the kernel (a few stray frames allowed)
         assert 40 <= to_python <= 45, f"{to_python} frames reached the responder for 40 answered requests"
         # a growing set re-filters at once: a VIP added now is answered right away
         a1.set({VIP4: [], OTHER4: []}, skip_check=[VIP4, OTHER4])

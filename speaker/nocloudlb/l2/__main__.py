@@ -3,9 +3,9 @@
     python -m nocloudlb.l2 serve [--node N] [--options JSON]
         stdin:  {"cmd": "set", "vips": {"198.51.100.200": []}, "skip_check": []}
                 {"cmd": "stats"} | {"cmd": "conflicts"} | {"cmd": "quit"}
-                {"cmd": "busy", "seconds": S, "churn": K}: for S seconds, keep the announcer working
-                    as a busy daemon does (benchmarks): set_announced() of the whole set again and
-                    again with K addresses withdrawn and given back in turn, on another thread
+                {"cmd": "busy", "seconds": S, "toggle": [ip, ...]}: for S seconds, keep the announcer
+                    working as a busy daemon does (benchmarks): set_announced() of the whole set again
+                    and again with the ``toggle`` addresses withdrawn and given back in turn, on another thread
         stdout: one JSON object per command; logs go to stderr as JSON lines
     python -m nocloudlb.l2 probe IP [-i IFACE] [--timeout S]
 """
@@ -32,17 +32,17 @@ class _JsonFormatter(logging.Formatter):
         return json.dumps(doc, default=str)
 
 
-def _busy(ann: Any, seconds: float, churn: int) -> None:
-    """A reconcile storm: the whole set handed over again and again, ``churn`` addresses toggling."""
-    full = ann.stats()["vips"]
-    wanted = {ip: v["interfaces"] for ip, v in full.items()}
-    toggled = sorted(wanted)[:churn]
+def _busy(ann: Any, seconds: float, toggle: list[str]) -> None:
+    """A reconcile storm: the whole set handed over again and again, ``toggle`` withdrawn every other time."""
+    wanted = list(ann.stats()["vips"])
+    gone = set(toggle)
+    fewer = [ip for ip in wanted if ip not in gone]
     end, turn = time.monotonic() + seconds, 0
     while time.monotonic() < end:
         turn += 1
-        vips = dict(wanted) if turn % 2 == 0 else {ip: i for ip, i in wanted.items() if ip not in set(toggled)}
-        ann.set_announced({ip: [] for ip in vips}, skip_check=list(vips))
-    ann.set_announced({ip: [] for ip in wanted}, skip_check=list(wanted))
+        vips = wanted if turn % 2 == 0 else fewer
+        ann.set_announced({ip: [] for ip in vips}, skip_check=vips)
+    ann.set_announced({ip: [] for ip in wanted}, skip_check=wanted)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -68,7 +68,7 @@ def _serve(args: argparse.Namespace) -> int:
                 elif cmd == "stats":
                     out = {"ok": True, "stats": ann.stats()}
                 elif cmd == "busy":
-                    threading.Thread(target=_busy, args=(ann, float(req["seconds"]), int(req.get("churn", 0))),
+                    threading.Thread(target=_busy, args=(ann, float(req["seconds"]), list(req.get("toggle", []))),
                                      daemon=True).start()
                     out = {"ok": True}
                 elif cmd == "conflicts":

@@ -201,7 +201,8 @@ class L2Announcer:
         self._resp_next_spawn = 0.0
         self._resp_seq = 0
         self._resp_synced_at = 0  # ping sequence that marks the end of a replay
-        self._resp_ping: tuple[int, float] | None = None
+        self._resp_ping: tuple[int, float] | None = None  # (sequence, sent at) of the ping in flight
+        self._resp_pong = 0.0  # when the last one was answered
         self._resp_last_pass = 0.0
         self._resp_stats: dict = {}
 
@@ -705,6 +706,8 @@ class L2Announcer:
         self._resp.flush()
         limit = RESPONDER_TIMEOUT if self._resp.ready else RESPONDER_START  # Python's start-up is slow under load
         if self._resp_ping is None:
+            if now - self._resp_pong < RESPONDER_PING:
+                return min(RESPONDER_PING - (now - self._resp_pong), 0.01 if self._resp.out else RESPONDER_PING)
             self._ping(now)
         elif gap > RESPONDER_TIMEOUT / 2:
             self._resp_ping = (self._resp_ping[0], now)  # this loop itself stood still (host frozen): no verdict
@@ -726,6 +729,7 @@ class L2Announcer:
         elif "p" in doc:
             if self._resp_ping is not None and doc["p"] == self._resp_ping[0]:
                 self._resp_ping = None
+                self._resp_pong = time.monotonic()
                 if doc["p"] >= self._resp_synced_at and not self._resp_up:
                     self._resp_up = True
                     self._set_fallback(False)

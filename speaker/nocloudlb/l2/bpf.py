@@ -149,20 +149,43 @@ def _member(src: list[tuple], values: list[int], tag: str) -> None:
         src.extend([(JA, past), ("label", ok), (RET, _ACCEPT), ("label", past)])
 
 
+def _word(ip: bytes, at: int = -4) -> int:
+    return struct.unpack("!I", ip[at : at + 4 if at != -4 else None])[0]
+
+
+def _member6(src: list[tuple], addrs: set[bytes], tag: str) -> None:
+    """Append ``the NS/NA target (offset 62) in addrs -> accept``: the addresses grouped by their first
+    96 bits (usually a handful of prefixes), then the last 32 bits compared one by one."""
+    groups: dict[bytes, list[int]] = {}
+    for ip in addrs:
+        groups.setdefault(ip[:12], []).append(_word(ip))
+    for g, (head, lows) in enumerate(sorted(groups.items())):
+        skip = f"{tag}-g{g}"
+        for off in range(3):
+            src += [(LDW, 62 + 4 * off), *_not_eq(_word(head, 4 * off), skip, f"{tag}-g{g}-{off}")]
+        src.append((LDW, 74))
+        _member(src, sorted(set(lows)), f"{tag}-g{g}")
+        src.append(("label", skip))
+
+
+def _not_eq(k: int, label: str, tag: str) -> list[tuple]:
+    """A != k -> label (any distance), else fall through."""
+    return [(JEQ, k, tag, None), (JA, label), ("label", tag)]
+
+
 def answer_program(answer: set[bytes] | frozenset[bytes], watch: set[bytes] | frozenset[bytes] = frozenset(),
                    limit: int = EXACT_LIMIT) -> tuple[Insn, ...]:
     """The responder's filter for one interface (see the module docstring).
 
     ``answer``: packed addresses (4 or 16 bytes) answered on it; ``watch``: addresses under the
-    conflict check. IPv6 targets are compared on their last 32 bits (the responder checks the full
-    address), IPv4 ones exactly. Above ``limit`` addresses of a family, every ARP request (every NS)
+    conflict check. IPv6 targets are compared whole (first 96 bits per prefix, then the
+    last 32 bits one by one), IPv4 ones likewise. Above ``limit`` addresses of a family, every ARP request (every NS)
     passes. Returns the program as (code, jt, jf, k) tuples, at most a few thousand long.
     """
-    word = lambda ip: struct.unpack("!I", ip[-4:])[0]  # noqa: E731
-    a4 = sorted({word(ip) for ip in answer if len(ip) == 4})
-    a6 = sorted({word(ip) for ip in answer if len(ip) == 16})
-    w4 = sorted({word(ip) for ip in watch if len(ip) == 4})
-    w6 = sorted({word(ip) for ip in watch if len(ip) == 16})
+    a4 = sorted({_word(ip) for ip in answer if len(ip) == 4})
+    a6 = [ip for ip in answer if len(ip) == 16]
+    w4 = sorted({_word(ip) for ip in watch if len(ip) == 4})
+    w6 = [ip for ip in watch if len(ip) == 16]
     n = iter(range(1 << 30))
 
     def need(k: int) -> list[tuple]:  # A == k, else drop (a local ret: no jump range to worry about)
@@ -204,15 +227,13 @@ def answer_program(answer: set[bytes] | frozenset[bytes], watch: set[bytes] | fr
     if len(a6) > limit or len(w6) > limit:
         src.append((RET, _ACCEPT))
     else:
-        src.append((LDW, 74))  # last word of the NS target
-        _member(src, sorted(set(a6) | set(w6)), "ns")
+        _member6(src, {ip for ip in answer | watch if len(ip) == 16}, "ns")
         src.append((RET, 0))
     src += [("label", "na")]
     if len(w6) > limit:
         src.append((RET, _ACCEPT))
     else:
-        src.append((LDW, 74))
-        _member(src, w6, "na")
+        _member6(src, {ip for ip in watch if len(ip) == 16}, "na")
         src.append((RET, 0))
     prog = tuple(assemble(src))
     return prog if len(prog) <= MAX_INSNS else ARP_NDP_PROGRAM
