@@ -145,7 +145,7 @@ def start_agent(seg, n1, v4: list[str], v6: list[str], in_daemon: bool) -> L2Age
     if in_daemon:  # a responder that cannot start: the announcer's thread answers (the old path)
         opts["responder_argv"] = [sys.executable, "-c", "import time; time.sleep(3600)"]
     agent = Agent(seg, n1.ns, "n1", **opts)
-    vips = {ip: [] for ip in v4 + v6}
+    vips: dict[str, list[str]] = {ip: [] for ip in v4 + v6}
     agent.set(vips, skip_check=list(vips))
     wait_quiet(agent, in_daemon)
     return agent
@@ -318,24 +318,32 @@ def main() -> int:
     if os.geteuid() != 0:
         print("arp_latency: needs root (network namespaces)", file=sys.stderr)
         return 2
-    results = []
+    results: list[dict] = []
     started = time.time()
+    loads = []
+
+    def save() -> dict:
+        load = os.getloadavg()
+        loads.append(load[0])
+        meta = {"requests_each": args.requests, "gap_ms": args.gap_ms, "sizes": args.sizes,
+                "seconds": round(time.time() - started, 1), "loadavg_1m": round(load[0], 2),
+                "loadavg_1m_per_size": [round(x, 2) for x in loads], "cpus": os.cpu_count(),
+                "kernel": os.uname().release}
+        if args.json:  # after every size, so a long run that is cut short still leaves its figures
+            slim = json.loads(json.dumps(results))
+            for r in slim:
+                for row in r["latency"] + [x for rows in r.get("busy", {}).values() for x in rows]:
+                    row.pop("lat", None)
+            with open(args.json, "w") as fh:
+                json.dump({"meta": meta, "results": slim}, fh, indent=1)
+        return meta
+
     for size in args.sizes:
         results.append(run_size(size, args))
-    load = os.getloadavg()
-    meta = {"requests_each": args.requests, "gap_ms": args.gap_ms, "sizes": args.sizes,
-            "seconds": round(time.time() - started, 1), "loadavg_1m": round(load[0], 2), "cpus": os.cpu_count(),
-            "kernel": os.uname().release}
+        meta = save()
     table(results, meta)
     if args.png:
         png(results, args.png)
-    if args.json:
-        slim = json.loads(json.dumps(results))
-        for r in slim:
-            for row in r["latency"] + [x for rows in r.get("busy", {}).values() for x in rows]:
-                row.pop("lat", None)
-        with open(args.json, "w") as fh:
-            json.dump({"meta": meta, "results": slim}, fh, indent=1)
     return 0
 
 
