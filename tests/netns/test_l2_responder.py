@@ -87,18 +87,19 @@ def test_killed_or_hung_child_is_replaced_and_answering_goes_on(lab):
         os.kill(first, signal.SIGKILL)
         # the announcer answers at once while the next child starts: asked right after the kill
         assert _answered_by(seg, [VIP4, VIP6]) == {VIP4: [n1.mac], VIP6: [n1.mac]}
-        st = _wait(a1, lambda s: s["responder"]["up"] and s["responder"]["pid"] not in (None, first))
-        assert st["responder"]["restarts"] == 1 and st["responder"]["exits"][-1]["reason"] == "exited"
-        assert st["responder"]["exits"][-1]["returncode"] == -signal.SIGKILL
+        st = _wait(a1, lambda s: s["responder"]["up"] and s["responder"]["pid"] not in (None, first), timeout=60)
+        # (on a loaded machine a slow replacement may itself be replaced: only the first exit is this kill)
+        assert st["responder"]["restarts"] >= 1 and st["responder"]["exits"][0]["reason"] == "exited"
+        assert st["responder"]["exits"][0]["returncode"] == -signal.SIGKILL
         assert not st["responder"]["answeringInDaemon"]
-        second = st["responder"]["pid"]
+        second, before = st["responder"]["pid"], st["responder"]["restarts"]
         assert _answered_by(seg, [VIP4, VIP6]) == {VIP4: [n1.mac], VIP6: [n1.mac]}
         # hung: stopped, it answers nothing; the ping finds out (2 s) and it is replaced
         os.kill(second, signal.SIGSTOP)
-        st = _wait(a1, lambda s: s["responder"]["restarts"] == 2, timeout=20)
+        st = _wait(a1, lambda s: s["responder"]["restarts"] > before, timeout=30)
         assert st["responder"]["exits"][-1]["reason"] == "hung"
         assert _answered_by(seg, [VIP4, VIP6]) == {VIP4: [n1.mac], VIP6: [n1.mac]}
-        st = _wait(a1, lambda s: s["responder"]["up"])
+        st = _wait(a1, lambda s: s["responder"]["up"], timeout=60)
         assert st["responder"]["pid"] not in (first, second) and not os.path.exists(f"/proc/{second}")
         # the replacement has the whole state: withdrawal still works
         a1.set({VIP6: []})
