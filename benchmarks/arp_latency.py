@@ -228,6 +228,16 @@ def run_size(size: int, args) -> dict:
     return out
 
 
+def _cdf(row: dict) -> tuple[list[float], list[float]]:
+    """The latency CDF of a row: every sample, or (from a JSON file) its p50/p90/p99/max."""
+    if row.get("lat"):
+        s = sorted(row["lat"])
+        return s, [(i + 1) / len(s) for i in range(len(s))]
+    pts = [(row[k], q) for k, q in (("p50_ms", 0.5), ("p90_ms", 0.9), ("p99_ms", 0.99), ("max_ms", 1.0))
+           if row.get(k) is not None]
+    return [x for x, _ in pts], [q for _, q in pts]
+
+
 def png(results: list[dict], path: str) -> None:
     import matplotlib
 
@@ -238,20 +248,19 @@ def png(results: list[dict], path: str) -> None:
     for ax, fam in zip(axes, ("arp", "ndp"), strict=True):
         for r in results:
             for row in r["latency"]:
-                if not row["responder"].endswith(fam) or not row["lat"]:
+                if not row["responder"].endswith(fam) or not row["answered"]:
                     continue
                 if row["responder"].startswith("kernel") and r is not results[-1]:
                     continue  # one kernel curve (the largest size's run) keeps the plot readable
-                s = sorted(row["lat"])
-                ys = [(i + 1) / len(s) for i in range(len(s))]
+                s, ys = _cdf(row)
                 who = row["responder"].split("-")[0]
                 ax.step(s, ys, where="post", label=f"{who}, {r['vips']:,} VIPs" if who == "speaker"
                         else f"kernel ({r['vips']:,}-VIP run)", ls="-" if who == "speaker" else "--")
             for phase, rows in r.get("busy", {}).items():
                 for row in rows:
-                    if row["responder"] == f"speaker-{fam}" and row["lat"]:
-                        s = sorted(row["lat"])
-                        ax.step(s, [(i + 1) / len(s) for i in range(len(s))], where="post", ls=":",
+                    if row["responder"] == f"speaker-{fam}" and row["answered"]:
+                        s, ys = _cdf(row)
+                        ax.step(s, ys, where="post", ls=":",
                                 label=f"speaker {phase}, {r['vips']:,} VIPs")
         ax.set_xscale("log")
         ax.set_xlabel("reply latency (ms, log scale)")
@@ -314,7 +323,12 @@ def main() -> int:
                     help="IPv6 VIPs (and a tenth as many IPv4) withdrawn and given back by every other storm call")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--png", help="write the latency CDF plot here")
+    ap.add_argument("--plot-from", metavar="JSON", help="only draw --png from a JSON file this script wrote")
     args = ap.parse_args()
+    if args.plot_from:
+        with open(args.plot_from) as fh:
+            png(json.load(fh)["results"], args.png)
+        return 0
     if os.geteuid() != 0:
         print("arp_latency: needs root (network namespaces)", file=sys.stderr)
         return 2
