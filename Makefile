@@ -102,7 +102,7 @@ lab-down: venv
 
 bench: deps venv
 	$(PY) benchmarks/core_bench.py
-	$(PY) benchmarks/arp_latency.py -n 500
+	$(PY) benchmarks/arp_latency.py -n 100 --sizes 1,1000 --no-busy --rates 2000,10000 --rate-seconds 0.25
 	$(PY) benchmarks/handover.py --cycles 5
 	$(PY) benchmarks/dataplane.py --seconds 5
 	$(PY) benchmarks/bgp.py --runs 3

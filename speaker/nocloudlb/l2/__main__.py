@@ -3,6 +3,9 @@
     python -m nocloudlb.l2 serve [--node N] [--options JSON]
         stdin:  {"cmd": "set", "vips": {"198.51.100.200": []}, "skip_check": []}
                 {"cmd": "stats"} | {"cmd": "conflicts"} | {"cmd": "quit"}
+                {"cmd": "busy", "seconds": S, "toggle": [ip, ...]}: for S seconds, keep the announcer
+                    working as a busy daemon does (benchmarks): set_announced() of the whole set again
+                    and again with the ``toggle`` addresses withdrawn and given back in turn, on another thread
         stdout: one JSON object per command; logs go to stderr as JSON lines
     python -m nocloudlb.l2 probe IP [-i IFACE] [--timeout S]
 """
@@ -13,6 +16,8 @@ import argparse
 import json
 import logging
 import sys
+import threading
+import time
 from typing import Any
 
 from . import L2Announcer, probe
@@ -25,6 +30,19 @@ class _JsonFormatter(logging.Formatter):
         doc = {"level": record.levelname.lower(), "msg": record.getMessage()}
         doc.update({k: v for k, v in record.__dict__.items() if k not in _STD_ATTRS})
         return json.dumps(doc, default=str)
+
+
+def _busy(ann: Any, seconds: float, toggle: list[str]) -> None:
+    """A reconcile storm: the whole set handed over again and again, ``toggle`` withdrawn every other time."""
+    wanted = list(ann.stats()["vips"])
+    gone = set(toggle)
+    fewer = [ip for ip in wanted if ip not in gone]
+    end, turn = time.monotonic() + seconds, 0
+    while time.monotonic() < end:
+        turn += 1
+        vips = wanted if turn % 2 == 0 else fewer
+        ann.set_announced({ip: [] for ip in vips}, skip_check=vips)
+    ann.set_announced({ip: [] for ip in wanted}, skip_check=wanted)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -49,6 +67,10 @@ def _serve(args: argparse.Namespace) -> int:
                     out = {"ok": True}
                 elif cmd == "stats":
                     out = {"ok": True, "stats": ann.stats()}
+                elif cmd == "busy":
+                    threading.Thread(target=_busy, args=(ann, float(req["seconds"]), list(req.get("toggle", []))),
+                                     daemon=True).start()
+                    out = {"ok": True}
                 elif cmd == "conflicts":
                     out = {"ok": True, "conflicts": ann.conflicts()}
                 elif cmd == "quit":

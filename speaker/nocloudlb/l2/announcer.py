@@ -1,10 +1,17 @@
 """L2Announcer: answers ARP/NDP for the VIPs this node leads and announces them when gained.
 
-One event-loop thread owns the raw sockets (one AF_PACKET socket per interface, with the
-BPF filter from bpf.py), a timer heap and per-interface transmit queues:
+One event-loop thread owns the raw sockets (one AF_PACKET socket per interface, used to
+send), a timer heap and per-interface transmit queues; answering is done by a child process:
 
-- receive: ARP requests and NS whose target is announced on that interface are answered at
-  once (never paced); answers from other MACs for an address under check are conflicts.
+- answer: the responder process (responder.py, ``python -m nocloudlb.l2.responder``) holds its
+  own sockets and answers ARP requests and NS whose target is announced on that interface, at
+  once (never paced), told by deltas (``_start_answering``/``_stop_answering``). It reports the
+  frames the conflict check watches (the addresses in ``_checking``): answers from other MACs
+  for an address under check are conflicts.
+- supervise: the child is pinged every second; when it exits or hangs it is restarted at once
+  and, until the new one has the whole state, this thread answers itself (its sockets switch
+  from the send-only filter to the ARP/NDP one): the node never leads a VIP that nothing
+  answers. ``stats()["responder"]`` and ``nocloudlb_layer2_responder_up`` show it.
 - timers: the conflict check (probes, then a decision) and the gratuitous ARP/NA rounds.
 - transmit: probes and gratuitous frames go through a per-interface token bucket, so a
   takeover of thousands of VIPs is spread out instead of burst onto the segment.
@@ -58,12 +65,36 @@ from prometheus_client import REGISTRY, CollectorRegistry
 
 from . import arp, ndp
 from .addresses import canonical_ips
-from .bpf import open_packet_socket, set_link_multicast
+from .bpf import ARP_NDP_PROGRAM, DROP_ALL, attach_filter, open_packet_socket, set_link_multicast
 from .interfaces import EXCLUDED, Interface, interfaces
 from .metrics import l2_metrics
+from .responder import ResponderClient
+
+RESPONDER_PING = 0.5  # seconds between pings of the responder child
+RESPONDER_TIMEOUT = 2.0  # a ping unanswered this long: the child is hung, replace it
+RESPONDER_START = 20.0  # a child not ready this long after its start: replace it
+_RESPONDER = object()  # selector key data of the child's stdout
 
 IPV6_JOIN_GROUP = getattr(socket, "IPV6_JOIN_GROUP", 20)
 IPV6_LEAVE_GROUP = getattr(socket, "IPV6_LEAVE_GROUP", 21)
+
+
+class _Watched(dict):
+    """``_checking`` (packed ip -> _Vip) that tells the responder which addresses to watch."""
+
+    def __init__(self, changed: Callable[[bytes, bool], None]) -> None:
+        super().__init__()
+        self._changed = changed
+
+    def __setitem__(self, key: bytes, value: _Vip) -> None:
+        if key not in self:
+            self._changed(key, True)
+        super().__setitem__(key, value)
+
+    def pop(self, key, *default):
+        if key in self:
+            self._changed(key, False)
+        return super().pop(key, *default)
 
 
 @dataclass
@@ -118,6 +149,7 @@ class L2Announcer:
         max_queue: int = 65536,
         registry: CollectorRegistry | None = REGISTRY,
         is_peer_mac: Callable[[bytes], bool] | None = None,
+        responder_argv: list[str] | None = None,
     ) -> None:
         for name, value, low in [("check_probes", check_probes, 0), ("garp_rounds", garp_rounds, 1),
                                  ("rate", rate, 1), ("burst", burst, 1), ("check_interval", check_interval, 0),
@@ -143,7 +175,7 @@ class L2Announcer:
 
         self._lock = threading.RLock()
         self._vips: dict[str, _Vip] = {}
-        self._checking: dict[bytes, _Vip] = {}
+        self._checking: dict[bytes, _Vip] = _Watched(self._watch_changed)
         self._ifaces: dict[str, _Iface] = {}
         self._eligible: list[str] = []
         self._info: dict[str, Interface] = {}
@@ -159,6 +191,20 @@ class L2Announcer:
         self._stopping = threading.Event()
         self._next_rescan = 0.0
         self._rescan_now = False
+        # the responder process (see the module docstring)
+        self._resp = ResponderClient(logger, responder_argv)
+        self._resp_up = False
+        self._resp_fallback = True  # this thread answers until a child has the whole state
+        self._resp_restarts = 0
+        self._resp_quick = 0
+        self._resp_exits: deque = deque(maxlen=5)
+        self._resp_next_spawn = 0.0
+        self._resp_seq = 0
+        self._resp_synced_at = 0  # ping sequence that marks the end of a replay
+        self._resp_ping: tuple[int, float] | None = None  # (sequence, sent at) of the ping in flight
+        self._resp_pong = 0.0  # when the last one was answered
+        self._resp_last_pass = 0.0
+        self._resp_stats: dict = {}
 
     # -- public API ----------------------------------------------------------------------
     def start(self) -> None:
@@ -171,6 +217,7 @@ class L2Announcer:
             self._sel.register(self._wake_r, selectors.EVENT_READ, None)
             self._stopping.clear()
             self._rescan()
+            self._spawn_responder(time.monotonic())
             self._thread = threading.Thread(target=self._run, name=f"l2-{self.node_name}", daemon=True)
             self._thread.start()
 
@@ -183,6 +230,9 @@ class L2Announcer:
         self._wake()
         thread.join(timeout=10)
         with self._lock:
+            self._resp.kill()
+            self._resp_up = False
+            self.metrics.responder_up.set(0)
             for name in list(self._ifaces):
                 self._close_iface(name)
             if self._sel is not None:
@@ -283,7 +333,19 @@ class L2Announcer:
                 "frames_sent": {n: dict(i.sent) for n, i in self._ifaces.items()},
                 "frames_dropped": {n: i.dropped for n, i in self._ifaces.items()},
                 "macs": {n: arp.mac_str(i.mac) for n, i in self._ifaces.items()},
+                "responder": self._responder_status(),
             }
+
+    def responder_status(self) -> dict:
+        """The responder process: up (has the whole state), pid, restarts, recent exits, and whether
+        the announcer answers in its place meanwhile (``answeringInDaemon``); its frame counters."""
+        with self._lock:
+            return self._responder_status()
+
+    def _responder_status(self) -> dict:
+        return {"up": self._resp_up, "pid": self._resp.pid, "restarts": self._resp_restarts,
+                "answeringInDaemon": self._resp_fallback, "exits": list(self._resp_exits),
+                **{k: v for k, v in self._resp_stats.items() if k != "pid"}}
 
     # -- state changes (called with the lock held) ----------------------------------------
     def _resolve(self, vip: _Vip) -> list[str]:
@@ -323,12 +385,14 @@ class L2Announcer:
         if vip.version == 6:
             self._join(iface, ndp.solicited_node(vip.packed))
         iface.answer.add(vip.packed)
+        self._resp.send(f"A {name} {vip.packed.hex()}")
 
     def _stop_answering(self, vip: _Vip, name: str) -> None:
         iface = self._ifaces.get(name)
         if iface is None:
             return
         iface.answer.discard(vip.packed)
+        self._resp.send(f"D {name} {vip.packed.hex()}")
         if vip.version == 6:
             self._leave(iface, ndp.solicited_node(vip.packed))
 
@@ -447,7 +511,7 @@ class L2Announcer:
 
     def _open_iface(self, info: Interface) -> None:
         try:
-            sock = open_packet_socket(info.name)
+            sock = open_packet_socket(info.name, ARP_NDP_PROGRAM if self._resp_fallback else DROP_ALL)
         except OSError as exc:
             self.log.warning("interfaceOpenFailed",
                              extra={"event": "interfaceOpenFailed", "iface": info.name, "error": str(exc)})
@@ -457,6 +521,7 @@ class L2Announcer:
         self._ifaces[info.name] = iface
         if self._sel is not None:
             self._sel.register(sock, selectors.EVENT_READ, iface)
+        self._resp.send(f"I {info.name} {info.index} {iface.mac.hex()}")
         self.log.info("interfaceAdded", extra={"event": "interfaceAdded", "iface": info.name})
 
     def _close_iface(self, name: str) -> None:
@@ -478,12 +543,14 @@ class L2Announcer:
                     self._probe_sent(vip, now)
         iface.queue.clear()
         iface.sock.close()
+        self._resp.send(f"C {name}")
         for m in iface.mcast:
             m.close()  # leaves its groups
         self.log.info("interfaceRemoved", extra={"event": "interfaceRemoved", "iface": name})
 
     # -- event loop --------------------------------------------------------------------
     def _wake(self) -> None:
+        self._resp.flush()  # the deltas of the change that woke us, in one write
         if self._wake_w >= 0:
             try:
                 os.write(self._wake_w, b"x")
@@ -507,13 +574,17 @@ class L2Announcer:
             for iface in self._ifaces.values():
                 if iface.queue:
                     timeout = min(timeout, max(0.0, (1.0 - iface.tokens) / self.rate))
+            timeout = min(timeout, self._supervise(now))
             sel = self._sel
         if sel is None:
             return
         events = sel.select(timeout)
         with self._lock:
             for key, _mask in events:
-                if key.data is None:
+                if key.data is _RESPONDER:
+                    if not self._resp.read(self._on_responder):
+                        self._responder_down("exited", time.monotonic())
+                elif key.data is None:
                     try:
                         while os.read(self._wake_r, 4096):
                             pass
@@ -552,11 +623,16 @@ class L2Announcer:
             self._rescan_now = True
             return False
 
+    # Frames reach _on_arp/_on_nd from the responder's reports (the watched addresses) or, while
+    # no responder child has the state (``_resp_fallback``), from this thread's own sockets: only
+    # then does this thread answer.
     def _on_arp(self, iface: _Iface, data: bytes) -> None:
         pkt = arp.parse(data)
         if pkt is None or pkt.sha == iface.mac or pkt.eth_src == iface.mac:
             return
         if pkt.op == arp.OP_REQUEST and pkt.tpa in iface.answer and pkt.spa != pkt.tpa:
+            if not self._resp_fallback:
+                return
             ip = pkt.target_ip
             self._counts["requests_received"][ip] += 1
             self.metrics.requests_received.labels(ip).inc()
@@ -578,6 +654,8 @@ class L2Announcer:
             if pkt.target in iface.answer:
                 if pkt.src == ndp.UNSPECIFIED and pkt.dst != ndp.solicited_node(pkt.target):
                     return  # RFC 4861 7.1.1: DAD NS must go to the solicited-node group
+                if not self._resp_fallback:
+                    return
                 ip = pkt.target_ip
                 self._counts["requests_received"][ip] += 1
                 self.metrics.requests_received.labels(ip).inc()
@@ -588,6 +666,120 @@ class L2Announcer:
         vip = self._checking.get(pkt.target)
         if vip is not None:
             self._saw_conflict(vip, pkt.lladdr or pkt.eth_src, iface.name)
+
+    # -- the responder process (see responder.py) ------------------------------------------
+    def _watch_changed(self, packed: bytes, added: bool) -> None:
+        self._resp.send(f"{'W' if added else 'U'} {packed.hex()}")
+
+    def _spawn_responder(self, now: float) -> None:
+        """Start a responder child and replay the whole state to it (it becomes ``up`` at the pong)."""
+        try:
+            self._resp.spawn()
+        except OSError as exc:
+            self.log.error("responderSpawnFailed", extra={"event": "responderSpawnFailed", "error": str(exc)})
+            self._resp_next_spawn = now + 1.0
+            return
+        if self._sel is not None:
+            self._sel.register(self._resp.fileno(), selectors.EVENT_READ, _RESPONDER)
+        for name, iface in self._ifaces.items():
+            self._resp.send(f"I {name} {iface.index} {iface.mac.hex()}")
+            for ip in iface.answer:
+                self._resp.send(f"A {name} {ip.hex()}")
+        for ip in self._checking:
+            self._resp.send(f"W {ip.hex()}")
+        self._ping(now)
+        self._resp_synced_at = self._resp_seq
+
+    def _ping(self, now: float) -> None:
+        self._resp_seq += 1
+        self._resp_ping = (self._resp_seq, now)
+        self._resp.send(f"P {self._resp_seq}")
+
+    def _supervise(self, now: float) -> float:
+        """Restart a dead child, ping a live one, replace a hung one; the longest the loop may sleep."""
+        gap, self._resp_last_pass = now - self._resp_last_pass, now
+        if self._resp.proc is None:
+            if now >= self._resp_next_spawn:
+                self._spawn_responder(now)
+            else:
+                return self._resp_next_spawn - now
+        self._resp.flush()
+        limit = RESPONDER_TIMEOUT if self._resp.ready else RESPONDER_START  # Python's start-up is slow under load
+        if self._resp_ping is None:
+            if now - self._resp_pong < RESPONDER_PING:
+                return min(RESPONDER_PING - (now - self._resp_pong), 0.01 if self._resp.out else RESPONDER_PING)
+            self._ping(now)
+        elif gap > RESPONDER_TIMEOUT / 2:
+            self._resp_ping = (self._resp_ping[0], now)  # this loop itself stood still (host frozen): no verdict
+        elif now - self._resp_ping[1] > limit:
+            self._responder_down("hung" if self._resp.ready else "noStart", now)
+            return 0.0
+        wait = max(0.0, self._resp_ping[1] + limit - now) if self._resp_ping else RESPONDER_PING
+        return min(wait, 0.01 if self._resp.out else RESPONDER_PING)
+
+    def _on_responder(self, doc: dict) -> None:
+        if "f" in doc:
+            iface = self._ifaces.get(doc["f"])
+            if iface is not None:
+                data = bytes.fromhex(doc["x"])
+                if data[12:14] == b"\x08\x06":
+                    self._on_arp(iface, data)
+                else:
+                    self._on_nd(iface, data)
+        elif "p" in doc:
+            if self._resp_ping is not None and doc["p"] == self._resp_ping[0]:
+                self._resp_ping = None
+                self._resp_pong = time.monotonic()
+                if doc["p"] >= self._resp_synced_at and not self._resp_up:
+                    self._resp_up = True
+                    self._set_fallback(False)
+                    self.metrics.responder_up.set(1)
+                    self.log.info("responderUp", extra={"event": "responderUp", "pid": self._resp.pid})
+        elif "n" in doc:
+            for ip, (received, sent) in doc["n"].items():
+                self._counts["requests_received"][ip] += received
+                self._counts["responses_sent"][ip] += sent
+                self.metrics.requests_received.labels(ip).inc(received)
+                self.metrics.responses_sent.labels(ip).inc(sent)
+            self._resp_stats = doc.get("s", self._resp_stats)
+        elif "error" in doc:
+            self.log.warning("responderError", extra={"event": "responderError", "error": doc["error"]})
+
+    def _responder_down(self, reason: str, now: float) -> None:
+        """The child exited or hung: answer here at once, then start another one."""
+        if self._resp.proc is None:
+            return
+        if self._sel is not None:
+            try:
+                self._sel.unregister(self._resp.fileno())
+            except (KeyError, ValueError):
+                pass
+        quick = not self._resp.ready or now - self._resp.started < 1.0
+        rc = self._resp.kill()
+        self._set_fallback(True)
+        self._resp_up = False
+        self._resp_ping = None
+        self.metrics.responder_up.set(0)
+        self.metrics.responder_restarts.inc()
+        self._resp_restarts += 1
+        self._resp_exits.append({"at": datetime.now(UTC).isoformat(timespec="milliseconds"), "reason": reason,
+                                 "returncode": rc})
+        self.log.error("responderDown", extra={"event": "responderDown", "reason": reason, "returncode": rc,
+                                               "restarts": self._resp_restarts})
+        self._resp_quick = self._resp_quick + 1 if quick else 0  # dying at start again and again: back off
+        self._resp_next_spawn = now + (min(5.0, 0.1 * 2 ** self._resp_quick) if self._resp_quick > 1 else 0.0)
+        if self._resp_next_spawn <= now:
+            self._spawn_responder(now)
+
+    def _set_fallback(self, on: bool) -> None:
+        """This thread answers (its sockets take ARP/NDP) or only sends (drop-all filter)."""
+        self._resp_fallback = on
+        for iface in self._ifaces.values():
+            try:
+                attach_filter(iface.sock, ARP_NDP_PROGRAM if on else DROP_ALL)
+            except OSError as exc:
+                self.log.warning("filterFailed", extra={"event": "filterFailed", "iface": iface.name,
+                                                        "error": str(exc)})
 
     def _saw_conflict(self, vip: _Vip, mac: bytes, iface: str) -> None:
         if any(mac == i.mac for i in self._ifaces.values()):

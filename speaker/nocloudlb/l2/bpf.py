@@ -23,8 +23,16 @@ ip6[40] == 136)))``, assembled from labels by :func:`assemble` instead of genera
   accept: ret #65535
   drop:   ret #0
 
-ARP replies and NAs pass as well as requests/solicitations: the announcer's conflict
-check and ``probe()`` listen for answers from other MACs on the same socket.
+ARP replies and NAs pass as well as requests/solicitations: ``probe()`` listens for
+answers from other MACs on such a socket.
+
+The responder process (responder.py) uses a narrower program, :func:`answer_program`, rebuilt
+whenever the addresses it answers change: it passes only ARP requests and NS whose target is
+one of those addresses, plus the frames the conflict check watches (ARP with a watched sender
+address, NS/NA with a watched target). Classic BPF has no maps, so the addresses are compared
+one by one (one instruction each, JIT-compiled by the kernel); above ``EXACT_LIMIT`` addresses
+of a family the program falls back to the opcode/type test (every ARP request, every NS), and
+Python's set lookup does the rest. The announcer's own sockets only send: :data:`DROP_ALL`.
 """
 
 from __future__ import annotations
@@ -49,6 +57,7 @@ BPF_LD, BPF_JMP, BPF_RET = 0x00, 0x05, 0x06
 BPF_W, BPF_H, BPF_B = 0x00, 0x08, 0x10
 BPF_ABS = 0x20
 BPF_JEQ = 0x10
+BPF_JA = 0x00
 BPF_K = 0x00
 SKF_AD_OFF = -0x1000
 SKF_AD_PKTTYPE = 4
@@ -62,12 +71,14 @@ LDH = BPF_LD | BPF_H | BPF_ABS
 LDB = BPF_LD | BPF_B | BPF_ABS
 JEQ = BPF_JMP | BPF_JEQ | BPF_K
 RET = BPF_RET | BPF_K
+JA = BPF_JMP | BPF_JA
 
 
 def assemble(source: list[tuple]) -> list[Insn]:
     """Assemble ``(op, k)``, ``(JEQ, k, true_label, false_label)`` and ``("label", name)`` into BPF.
 
-    A jump label of ``None`` means "fall through to the next instruction".
+    A jump label of ``None`` means "fall through to the next instruction". ``(JA, label)`` is an
+    unconditional jump (32-bit offset, so it reaches past the 255 instructions a conditional can).
     """
     labels: dict[str, int] = {}
     body: list[tuple] = []
@@ -78,6 +89,9 @@ def assemble(source: list[tuple]) -> list[Insn]:
             body.append(item)
     out: list[Insn] = []
     for idx, item in enumerate(body):
+        if len(item) == 2 and item[0] == JA and isinstance(item[1], str):
+            out.append((JA, 0, 0, labels[item[1]] - idx - 1))
+            continue
         if len(item) == 2:
             out.append((item[0], 0, 0, item[1] & 0xFFFFFFFF))
             continue
@@ -116,6 +130,113 @@ ARP_NDP_PROGRAM: tuple[Insn, ...] = tuple(assemble([
     ("label", "drop"),
     (RET, 0),
 ]))
+
+
+DROP_ALL: tuple[Insn, ...] = ((RET, 0, 0, 0),)
+
+MAX_INSNS = 4096  # BPF_MAXINSNS
+EXACT_LIMIT = 1024  # addresses per family compared one by one; above: opcode/type only
+_ACCEPT = 0x0000FFFF
+
+
+def _member(src: list[tuple], values: list[int], tag: str) -> None:
+    """Append ``A in values -> accept``: blocks of conditional jumps to a local ``ret accept``
+    (a conditional jump reaches 255 instructions), each block skipped over with ``ja``."""
+    for b in range(0, len(values), 200):
+        block = values[b : b + 200]
+        ok, past = f"{tag}-ok{b}", f"{tag}-past{b}"
+        src.extend((JEQ, v, ok, None) for v in block)
+        src.extend([(JA, past), ("label", ok), (RET, _ACCEPT), ("label", past)])
+
+
+def _word(ip: bytes, at: int = -4) -> int:
+    return struct.unpack("!I", ip[at : at + 4 if at != -4 else None])[0]
+
+
+def _member6(src: list[tuple], addrs: set[bytes], tag: str) -> None:
+    """Append ``the NS/NA target (offset 62) in addrs -> accept``: the addresses grouped by their first
+    96 bits (usually a handful of prefixes), then the last 32 bits compared one by one."""
+    groups: dict[bytes, list[int]] = {}
+    for ip in addrs:
+        groups.setdefault(ip[:12], []).append(_word(ip))
+    for g, (head, lows) in enumerate(sorted(groups.items())):
+        skip = f"{tag}-g{g}"
+        for off in range(3):
+            src += [(LDW, 62 + 4 * off), *_not_eq(_word(head, 4 * off), skip, f"{tag}-g{g}-{off}")]
+        src.append((LDW, 74))
+        _member(src, sorted(set(lows)), f"{tag}-g{g}")
+        src.append(("label", skip))
+
+
+def _not_eq(k: int, label: str, tag: str) -> list[tuple]:
+    """A != k -> label (any distance), else fall through."""
+    return [(JEQ, k, tag, None), (JA, label), ("label", tag)]
+
+
+def answer_program(answer: set[bytes] | frozenset[bytes], watch: set[bytes] | frozenset[bytes] = frozenset(),
+                   limit: int = EXACT_LIMIT) -> tuple[Insn, ...]:
+    """The responder's filter for one interface (see the module docstring).
+
+    ``answer``: packed addresses (4 or 16 bytes) answered on it; ``watch``: addresses under the
+    conflict check. IPv6 targets are compared whole (first 96 bits per prefix, then the
+    last 32 bits one by one), IPv4 ones likewise. Above ``limit`` addresses of a family, every ARP request (every NS)
+    passes. Returns the program as (code, jt, jf, k) tuples, at most a few thousand long.
+    """
+    a4 = sorted({_word(ip) for ip in answer if len(ip) == 4})
+    a6 = [ip for ip in answer if len(ip) == 16]
+    w4 = sorted({_word(ip) for ip in watch if len(ip) == 4})
+    w6 = [ip for ip in watch if len(ip) == 16]
+    n = iter(range(1 << 30))
+
+    def need(k: int) -> list[tuple]:  # A == k, else drop (a local ret: no jump range to worry about)
+        c = f"c{next(n)}"
+        return [(JEQ, k, c, None), (RET, 0), ("label", c)]
+
+    def goto_if(k: int, label: str) -> list[tuple]:  # A == k -> label (any distance), else fall through
+        c = f"c{next(n)}"
+        return [(JEQ, k, None, c), (JA, label), ("label", c)]
+
+    src: list[tuple] = [
+        (LDW, SKF_AD_OFF + SKF_AD_PKTTYPE),
+        (JEQ, PACKET_OUTGOING, "drop", None),
+        (LDW, SKF_AD_OFF + SKF_AD_VLAN_TAG_PRESENT),
+        (JEQ, 0, None, "drop"),
+        (LDH, 12),
+        (JEQ, ETH_P_ARP, "arp", None),
+        (JEQ, ETH_P_IPV6, None, "drop"),
+        (JA, "ipv6"),
+        ("label", "drop"),
+        (RET, 0),
+        ("label", "arp"),
+        (LDH, 14),
+        *need(1),
+    ]
+    if len(w4) > limit:
+        src.append((RET, _ACCEPT))  # too many to watch one by one: every ARP frame
+    elif w4:
+        src.append((LDW, 28))  # ARP sender protocol address
+        _member(src, w4, "w4")
+    src += [(LDH, 20), *need(1)]  # beyond the watched senders: requests only
+    if len(a4) > limit:
+        src.append((RET, _ACCEPT))
+    else:
+        src.append((LDW, 38))  # ARP target protocol address
+        _member(src, a4, "a4")
+        src.append((RET, 0))
+    src += [("label", "ipv6"), (LDB, 20), *need(58), (LDB, 54), *goto_if(136, "na"), *need(135)]
+    if len(a6) > limit or len(w6) > limit:
+        src.append((RET, _ACCEPT))
+    else:
+        _member6(src, {ip for ip in answer | watch if len(ip) == 16}, "ns")
+        src.append((RET, 0))
+    src += [("label", "na")]
+    if len(w6) > limit:
+        src.append((RET, _ACCEPT))
+    else:
+        _member6(src, {ip for ip in watch if len(ip) == 16}, "na")
+        src.append((RET, 0))
+    prog = tuple(assemble(src))
+    return prog if len(prog) <= MAX_INSNS else ARP_NDP_PROGRAM
 
 
 def attach_filter(sock: socket.socket, program: Sequence[Insn] = ARP_NDP_PROGRAM) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
 
 
 @dataclass
@@ -17,6 +17,8 @@ class L2Metrics:
     responses_sent: Counter
     gratuitous_sent: Counter
     conflicts: Counter
+    responder_up: Gauge
+    responder_restarts: Counter
 
 
 _by_registry: dict[int, L2Metrics] = {}
@@ -35,5 +37,9 @@ def l2_metrics(registry: CollectorRegistry | None = REGISTRY) -> L2Metrics:
                     ["ip"], registry=registry),
             Counter("nocloudlb_layer2_conflicts", "Number of address conflicts found before announcing an IP",
                     ["ip"], registry=registry),
+            Gauge("nocloudlb_layer2_responder_up", "1 when the ARP/NDP responder process has the whole state; "
+                  "0 while the daemon answers in its place", registry=registry),
+            Counter("nocloudlb_layer2_responder_restarts", "Number of times the ARP/NDP responder process "
+                    "exited or hung and was replaced", registry=registry),
         )
     return _by_registry[key]

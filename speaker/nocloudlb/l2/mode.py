@@ -341,7 +341,8 @@ class L2Mode:
             fwd = sorted(self._forwarding)
         return {"vips": [r.view() for r in rows],
                 "conflicts": sorted(l2.conflicts.values(), key=lambda c: c["ip"]),
-                "announced": sorted(self._announced), "forwarding": fwd}
+                "announced": sorted(self._announced), "forwarding": fwd,
+                "responder": getattr(self.announcer, "responder_status", dict)()}  # answer: alarm when not up
 
     def close(self) -> None:
         try:

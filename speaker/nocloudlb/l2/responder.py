@@ -1,0 +1,393 @@
+"""The ARP/NDP responder: its own process, so the daemon's work never sits in front of an answer.
+
+Why a process: in the daemon, the responder thread shared the GIL and a select loop with the
+election, config reloads, gossip callbacks and the gratuitous schedule; at 10,000 VIPs a
+reload starved it for tens of milliseconds (p99 70 ms). Here one small loop does nothing but
+answer, from prebuilt reply prefixes, and nothing else in its process holds the GIL.
+
+    python -m nocloudlb.l2.responder        (started and supervised by the L2Announcer)
+
+The announcer (the *client*, :class:`ResponderClient`) drives it over stdin with text lines
+(deltas, so 10,000 VIPs cost nothing when nothing changes)::
+
+    I name index mac         open an AF_PACKET socket on interface ``name`` (mac: 12 hex digits)
+    C name                   close it
+    A name ip                answer for ``ip`` (8 or 32 hex digits) on ``name``
+    D name ip                stop answering
+    W ip / U ip              watch / unwatch ``ip`` for the conflict check
+    P n                      ping: answered with {"p": n} after everything before it is applied
+
+and reads JSON lines on stdout: ``{"ready": pid}`` at start, ``{"p": n}``, ``{"f": name, "x": hex}``
+(a frame the conflict check watches: ARP from a watched sender address, NS/NA for a watched
+target), ``{"n": {ip: [received, answered]}, "s": {...}}`` (counters, at most every 0.1 s).
+
+Each interface's socket carries :func:`bpf.answer_program` for the addresses answered there and
+the ones watched, so frames for anybody else stop in the kernel; the filter is re-attached
+at once when an address it does not pass is added, and lazily (0.2 s) after removals.
+
+The responder exits when its stdin closes, so it never outlives the daemon (kill -9 included):
+an orphan answering for VIPs the cluster moved elsewhere would be a second owner.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from . import ndp
+from .bpf import ARP_NDP_PROGRAM, answer_program, attach_filter, open_packet_socket
+
+_ARP_HDR = b"\x00\x01\x08\x00\x06\x04"
+_ARP_REQ = b"\x00\x01"
+_ETH_ARP = b"\x08\x06"
+_ETH_IP6 = b"\x86\xdd"
+_PAD = b"\x00" * 18  # 42-byte ARP reply padded to 60
+FLUSH_EVERY = 0.1
+RCVBUF = 4 << 20  # a burst of requests waits in the socket instead of being dropped
+REFILTER_AFTER = 0.2
+
+
+@dataclass(eq=False)
+class _Port:
+    name: str
+    index: int
+    mac: bytes
+    sock: socket.socket
+    arp_head: bytes  # reply bytes 6..32: our MAC, ARP reply header, our MAC again
+    answer: set[bytes] = field(default_factory=set)
+    passes: set[bytes] | None = None  # what the attached filter passes (None: every request)
+    dirty: float = 0.0  # when a removal made the filter wider than needed
+    program: tuple = ()
+    rx: int = 0
+    answered: int = 0
+
+
+class Responder:
+    """The process side; see the module docstring. Single-threaded."""
+
+    def __init__(self, ctl_in: int = 0, ctl_out: int = 1) -> None:
+        self.ctl_in, self.ctl_out = ctl_in, ctl_out
+        self.ep = select.epoll()
+        self.ports: dict[str, _Port] = {}
+        self.by_fd: dict[int, _Port] = {}
+        self.watch: set[bytes] = set()
+        self.counts: dict[bytes, list[int]] = {}
+        self.buf = b""
+        self.reported = 0
+        self.refilters = 0
+        self.last_flush = 0.0
+        self.changed = False
+
+    # -- control ----------------------------------------------------------------------------
+    def emit(self, doc: dict) -> None:
+        data = (json.dumps(doc, separators=(",", ":")) + "\n").encode()
+        while data:
+            try:
+                n = os.write(self.ctl_out, data)
+            except InterruptedError:
+                continue
+            except BlockingIOError:
+                select.select([], [self.ctl_out], [], 1.0)
+                continue
+            data = data[n:]
+
+    def control(self) -> bool:
+        """Apply the lines waiting on stdin; False at end of input (the daemon is gone)."""
+        try:
+            data = os.read(self.ctl_in, 1 << 16)
+        except (BlockingIOError, InterruptedError):
+            return True
+        if not data:
+            return False
+        self.buf += data
+        *lines, self.buf = self.buf.split(b"\n")
+        grown: set[_Port] = set()
+        for line in lines:
+            try:
+                self.command(line.decode().split(), grown)
+            except Exception as exc:  # noqa: BLE001 - one bad line must not stop the answers
+                self.emit({"error": f"{line[:80]!r}: {exc}"})
+        for port in grown:  # an address the filter would drop: re-filter before the next frame
+            self.refilter(port)
+        return True
+
+    def command(self, w: list[str], grown: set[_Port]) -> None:
+        op = w[0]
+        if op == "A":
+            port, ip = self.ports[w[1]], bytes.fromhex(w[2])
+            port.answer.add(ip)
+            if port.passes is not None and ip not in port.passes:
+                grown.add(port)
+        elif op == "D":
+            gone = self.ports.get(w[1])
+            if gone is not None and bytes.fromhex(w[2]) in gone.answer:
+                gone.answer.discard(bytes.fromhex(w[2]))
+                gone.dirty = gone.dirty or time.monotonic()
+        elif op == "W":
+            ip = bytes.fromhex(w[1])
+            self.watch.add(ip)
+            grown.update(p for p in self.ports.values() if p.passes is not None and ip not in p.passes)
+        elif op == "U":
+            self.watch.discard(bytes.fromhex(w[1]))
+            for p in self.ports.values():
+                p.dirty = p.dirty or time.monotonic()
+        elif op == "I":
+            self.close_port(w[1])
+            mac = bytes.fromhex(w[3])
+            sock = open_packet_socket(w[1], ARP_NDP_PROGRAM)
+            for opt in (33, socket.SO_RCVBUF):  # SO_RCVBUFFORCE (CAP_NET_ADMIN), else as far as rmem_max allows
+                try:
+                    sock.setsockopt(socket.SOL_SOCKET, opt, RCVBUF)
+                    break
+                except OSError:
+                    continue
+            port = _Port(w[1], int(w[2]), mac, sock, mac + _ETH_ARP + _ARP_HDR[:6] + b"\x00\x02" + mac)
+            self.ports[port.name] = port
+            self.by_fd[sock.fileno()] = port
+            self.ep.register(sock.fileno(), select.EPOLLIN)
+            self.refilter(port)
+        elif op == "C":
+            self.close_port(w[1])
+        elif op == "P":
+            self.flush(force=True)
+            self.emit({"p": int(w[1])})
+        else:
+            raise ValueError(f"unknown command {op!r}")
+
+    def close_port(self, name: str) -> None:
+        port = self.ports.pop(name, None)
+        if port is None:
+            return
+        self.by_fd.pop(port.sock.fileno(), None)
+        try:
+            self.ep.unregister(port.sock.fileno())
+        except (KeyError, ValueError, OSError):
+            pass
+        port.sock.close()
+
+    def refilter(self, port: _Port) -> None:
+        prog = answer_program(port.answer, self.watch)
+        if prog is ARP_NDP_PROGRAM or prog == ARP_NDP_PROGRAM:
+            passes = None
+        else:
+            passes = set(port.answer) | self.watch
+        if prog != port.program:
+            attach_filter(port.sock, prog)
+            port.program = prog
+            self.refilters += 1
+        port.passes = passes
+        port.dirty = 0.0
+
+    # -- frames -------------------------------------------------------------------------------
+    def frames(self, port: _Port) -> None:
+        sock, mac, answer, watch = port.sock, port.mac, port.answer, self.watch
+        for _ in range(64):
+            try:
+                data = sock.recv(2048)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                if exc.errno in (errno.ENETDOWN, errno.ENXIO, errno.ENODEV):
+                    return  # the announcer's rescan closes or reopens the port
+                raise
+            port.rx += 1
+            if data[12:14] == _ETH_ARP:
+                if data[14:20] != _ARP_HDR or data[6:12] == mac or data[22:28] == mac:
+                    continue
+                tpa, spa = data[38:42], data[28:32]
+                if data[20:22] == _ARP_REQ and tpa in answer and spa != tpa:
+                    sha = data[22:28]
+                    self.send(port, sha + port.arp_head + tpa + sha + spa + _PAD, tpa)
+                if spa in watch:
+                    self.report(port, data)
+            elif data[12:14] == _ETH_IP6 and len(data) >= 78:
+                target = data[62:78]
+                if data[54] == ndp.NS and target in answer:
+                    pkt = ndp.parse(data)
+                    if pkt is None or pkt.eth_src == mac:
+                        continue
+                    if pkt.src == ndp.UNSPECIFIED and pkt.dst != ndp.solicited_node(target):
+                        continue  # RFC 4861 7.1.1: DAD NS must go to the solicited-node group
+                    self.send(port, ndp.reply_to(pkt, mac), target)
+                elif target in watch and data[6:12] != mac:
+                    self.report(port, data)
+
+    def send(self, port: _Port, frame: bytes, ip: bytes) -> None:
+        c = self.counts.get(ip)
+        if c is None:
+            c = self.counts[ip] = [0, 0]
+        c[0] += 1
+        try:
+            port.sock.send(frame)
+        except OSError:
+            return
+        c[1] += 1
+        port.answered += 1
+        self.changed = True
+
+    def report(self, port: _Port, data: bytes) -> None:
+        self.reported += 1
+        self.emit({"f": port.name, "x": data.hex()})
+
+    def flush(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not (force or (self.changed and now - self.last_flush >= FLUSH_EVERY)):
+            return
+        self.last_flush = now
+        self.changed = False
+        counts = {socket.inet_ntop(socket.AF_INET if len(ip) == 4 else socket.AF_INET6, ip): c
+                  for ip, c in self.counts.items()}
+        self.counts = {}
+        self.emit({"n": counts, "s": self.stats()})
+
+    def stats(self) -> dict:
+        return {"rx": {p.name: p.rx for p in self.ports.values()},
+                "answered": {p.name: p.answered for p in self.ports.values()},
+                "exact": {p.name: p.passes is not None for p in self.ports.values()},
+                "reported": self.reported, "refilters": self.refilters, "pid": os.getpid()}
+
+    # -- loop ---------------------------------------------------------------------------------
+    def run(self) -> int:
+        os.set_blocking(self.ctl_in, False)
+        self.ep.register(self.ctl_in, select.EPOLLIN)
+        self.emit({"ready": os.getpid()})
+        while True:
+            timeout = -1.0
+            if self.changed:
+                timeout = FLUSH_EVERY
+            if any(p.dirty for p in self.ports.values()):
+                timeout = REFILTER_AFTER if timeout < 0 else min(timeout, REFILTER_AFTER)
+            for fd, _ev in self.ep.poll(timeout):
+                port = self.by_fd.get(fd)
+                if port is not None:
+                    self.frames(port)
+                elif fd == self.ctl_in and not self.control():
+                    return 0
+            if timeout >= 0:
+                now = time.monotonic()
+                for port in list(self.ports.values()):
+                    if port.dirty and now - port.dirty >= REFILTER_AFTER:
+                        self.refilter(port)
+                self.flush()
+
+
+def main() -> int:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's ^C is for the daemon; we end at stdin EOF
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    try:
+        return Responder().run()
+    except BrokenPipeError:
+        return 0
+
+
+# -- the announcer's side ---------------------------------------------------------------------
+class ResponderClient:
+    """Starts ``python -m nocloudlb.l2.responder`` and talks to it; the L2Announcer supervises it.
+
+    Writes are non-blocking into an outbox the announcer's loop flushes, so a stuck child can
+    never block the announcer (it is detected by the ping and replaced instead).
+    """
+
+    def __init__(self, log: logging.Logger, argv: list[str] | None = None) -> None:
+        self.log = log
+        self.argv = argv or [sys.executable, "-m", "nocloudlb.l2.responder"]
+        self.proc: subprocess.Popen | None = None
+        self.out = bytearray()
+        self.inbuf = b""
+        self.ready = False
+        self.started = 0.0
+
+    def spawn(self) -> None:
+        """Start a new child (the old one, if any, is killed first)."""
+        self.kill()
+        self.out.clear()
+        self.inbuf = b""
+        self.ready = False
+        self.proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0,
+                                     close_fds=True)
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        os.set_blocking(self.proc.stdin.fileno(), False)
+        os.set_blocking(self.proc.stdout.fileno(), False)
+        self.started = time.monotonic()
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def fileno(self) -> int:
+        assert self.proc is not None and self.proc.stdout is not None
+        return self.proc.stdout.fileno()
+
+    def send(self, line: str) -> None:
+        """Queue ``line``; written at the next flush() (the announcer's wake-up and every loop pass)."""
+        if self.proc is None:
+            return  # nobody to tell: the next child gets the whole state at its start
+        self.out += line.encode() + b"\n"
+        if len(self.out) >= 1 << 16:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.proc is None or not self.out or self.proc.stdin is None:
+            return
+        try:
+            n = os.write(self.proc.stdin.fileno(), self.out)
+            del self.out[:n]
+        except (BlockingIOError, InterruptedError):
+            pass
+        except OSError:  # the child is gone: its stdout's EOF tells the announcer
+            self.out.clear()
+
+    def read(self, handle: Callable[[dict], None]) -> bool:
+        """Hand every complete line to ``handle``; False when the child has gone (EOF)."""
+        if self.proc is None or self.proc.stdout is None:
+            return False
+        try:
+            data = os.read(self.proc.stdout.fileno(), 1 << 16)
+        except (BlockingIOError, InterruptedError):
+            return True
+        except OSError:
+            data = b""
+        if not data:
+            return False
+        self.inbuf += data
+        *lines, self.inbuf = self.inbuf.split(b"\n")
+        for line in lines:
+            try:
+                doc = json.loads(line)
+            except ValueError:
+                continue
+            if "ready" in doc:
+                self.ready = True
+            handle(doc)
+        return True
+
+    def kill(self) -> int | None:
+        """Stop the child (stdin closed, then SIGKILL if it lingers); its exit status."""
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return None
+        for f in (proc.stdin, proc.stdout):
+            try:
+                if f is not None:
+                    f.close()
+            except OSError:
+                pass
+        try:
+            return proc.wait(timeout=0.5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            return proc.wait()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
