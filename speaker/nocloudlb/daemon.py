@@ -33,6 +33,7 @@ from typing import Any
 
 import kinship
 
+from nocloudlb.core.bgp import read_password_files  # mode: bgp
 from nocloudlb.core.election import DRAIN_LABEL, NodeView
 from nocloudlb.core.errors import ConfigError
 
@@ -114,6 +115,8 @@ def check_extra(cfg: SpeakerConfig) -> tuple[list[str] | None, list[str]]:
             errors.append(str(exc))
     errors.extend(health_specs(cfg.parsed)[1])
     errors.extend(metadata_problems(cfg))
+    if cfg.parsed is not None:  # mode: bgp - BGPPeer passwordFile, read where it lives
+        errors.extend(read_password_files(cfg.parsed))
     return keys, errors
 
 
