@@ -201,20 +201,6 @@ for n in NODES:
              check=False)
 
 
-def handover_rules(node: str) -> str:
-    """A prototype of node-side flow handover: a non-SYN TCP segment to the VIP that this node has no
-    conntrack entry for is copied at layer 2 to every other node (nft dup: the frame goes to that node's
-    MAC, the IP packet unchanged) and dropped here instead of answered with a reset; a node that gets
-    such a copy from a peer and does not know the flow either drops it silently."""
-    others = [m for m in NODES if m != node]
-    dups = " ".join(f'dup to {NODES[m]} device "eth0"' for m in others)
-    return (f"table ip nlb_flows {{\n set peers {{ type ether_addr; elements = {{ "
-            f"{', '.join(MACS[m] for m in others)} }} }}\n chain pre {{\n"
-            "  type filter hook prerouting priority -140; policy accept;\n"
-            f"  ip daddr {WEB} tcp flags & syn == 0 ct state new ether saddr @peers counter drop\n"
-            f"  ip daddr {WEB} tcp flags & syn == 0 ct state new counter {dups} drop\n }}\n}}\n")
-
-
 def drain_with_flows(node: str) -> dict:
     lab.exec("c2", ["rm", "-f", "/tmp/stop-flows"])
     proc = lab.popen_exec("c2", ["python3", "-c", FLOWS, "client", WEB, str(ECHO_PORT), str(N_CONN), "/tmp/stop-flows"])
@@ -236,22 +222,32 @@ def drain_with_flows(node: str) -> dict:
         "broken": sum(v["broken"] for k, v in nodes.items() if k != node)}, "rounds": result["rounds"]}
 
 
-plain = drain_with_flows("n1")
-figures["flows_plain"] = plain
-print(f"BGP point 8, drain n1 with {N_CONN} long-lived connections, plain ECMP: drained node "
-      f"{plain['drained']['broken']}/{plain['drained']['connections']} broken, staying nodes "
-      f"{plain['staying']['broken']}/{plain['staying']['connections']} broken", flush=True)
-for n in NODES:
-    lab.exec(n, ["nft", "-f", "-"], input=handover_rules(n))
-try:
-    handed = drain_with_flows("n1")
-finally:
-    for n in NODES:
-        lab.exec(n, ["nft", "delete", "table", "ip", "nlb_flows"], check=False)
+for n in NODES:  # each speaker hands unknown mid-stream segments to the two others (bgp/flows.py)
+    check(bool(wait_for(lambda n=n: lab.exec(n, ["nft", "list", "table", "ip", "nocloudlb_bgp_flows"],
+                                             check=False).returncode == 0, 30, 0.5)),
+          f"{n}: no flow-handover table: {lab.exec(n, [CLI, 'status', '--json'], check=False).stdout[-1500:]}")
+handed = drain_with_flows("n1")
 figures["flows_handover"] = handed
-print(f"BGP point 8, the same with the node-side flow handover prototype: drained node "
+print(f"BGP point 8, drain n1 with {N_CONN} long-lived connections, the speakers' flow handover: drained node "
       f"{handed['drained']['broken']}/{handed['drained']['connections']} broken, staying nodes "
       f"{handed['staying']['broken']}/{handed['staying']['connections']} broken", flush=True)
+OFF = "nocloud.io/bgp-flow-handover"
+for n in NODES:  # the same without it: the node label turns it off
+    lab.exec(n, [CLI, "label", "set", f"{OFF}=off"])
+for n in NODES:
+    check(bool(wait_for(lambda n=n: lab.exec(n, ["nft", "list", "table", "ip", "nocloudlb_bgp_flows"],
+                                             check=False).returncode != 0, 30, 0.5)), f"{n}: handover still on")
+plain = drain_with_flows("n1")
+for n in NODES:
+    lab.exec(n, [CLI, "label", "unset", OFF])
+figures["flows_plain"] = plain
+print(f"BGP point 8, the same with plain ECMP (handover off by label): drained node "
+      f"{plain['drained']['broken']}/{plain['drained']['connections']} broken, staying nodes "
+      f"{plain['staying']['broken']}/{plain['staying']['connections']} broken", flush=True)
+check(handed["drained"]["broken"] == 0 and handed["staying"]["broken"] == 0,
+      f"the flow handover let connections break on a drain: {handed}")
+check(plain["drained"]["broken"] > 0, f"plain ECMP kept every connection of the drained node: {plain} "
+      "(then this check proves nothing)")
 
 # 5. freeze a node (BFD 100 ms x 3) ------------------------------------------------------------
 fault = lab.fault_freeze("n3")
