@@ -33,6 +33,7 @@ import labctl  # noqa: E402
 from nocloudlb.bgp.frr import FrrControl  # noqa: E402
 from nocloudlb.bgp.mode import BgpMode  # noqa: E402
 from nocloudlb.core.election import DRAIN_LABEL, NodeView  # noqa: E402
+from nocloudlb.core.routes import kernel_next_hops  # noqa: E402
 from nocloudlb.core.schema import parse_resources  # noqa: E402
 
 NODES = {"n1": "198.51.100.11", "n2": "198.51.100.12"}
@@ -114,14 +115,7 @@ class Bench:
         return took
 
     def hops(self, prefix: str) -> set[str]:
-        out = self.lab.exec("r1", ["ip", "-j", "route", "show", prefix], timeout=10).stdout
-        found: set[str] = set()
-        for route in json.loads(out or "[]"):
-            if route.get("gateway"):
-                found.add(route["gateway"])
-            for nh in route.get("nexthops", []):
-                found.add(nh["gateway"])
-        return found
+        return kernel_next_hops(self.lab.exec("r1", ["ip", "-j", "route", "show", prefix], timeout=10).stdout, prefix)
 
     def vt(self, host: str, command: str) -> dict:
         return json.loads(self.lab.exec(host, ["vtysh", "-c", command], timeout=60).stdout or "{}")

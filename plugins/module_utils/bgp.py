@@ -26,11 +26,11 @@ A pool may have L2Advertisements and BGPAdvertisements at once: each mode reads 
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from .election import DRAIN_LABEL, LIVE_STATES, NodeView
-from .schema import BGPAdvertisement, BGPPeer, Config, Service
+from .schema import BGPAdvertisement, BGPPeer, Config, Service, password_problem
 
 REASON_NO_PEER = "noPeer"
 REASON_NO_ADVERTISEMENT = "noMatchingAdvertisement"
@@ -162,6 +162,41 @@ def bgp_decision(me: str, nodes: Iterable[NodeView], config: Config) -> BgpDecis
     for routes in decision.routes.values():
         routes.sort(key=lambda r: (r.version, ipaddress.ip_network(r.prefix)))
     return decision
+
+
+def read_password_files(config: Config, read: Callable[[str], str] | None = None) -> list[str]:
+    """Fill each BGPPeer's password from its ``passwordFile``; the problems, naming peer, field and path.
+
+    Run where the files live (``nocloudlb validate`` and every (re)load on the node, or
+    ``pool_validate`` with ``check_password_files``). ``read`` (path -> text) defaults to reading the
+    file; one trailing newline is dropped. No message ever contains the password.
+    """
+    def _read(path: str) -> str:
+        with open(path, encoding="utf-8") as fh:
+            return fh.read(4096)
+
+    reader = read or _read
+    errors = []
+    for peer in config.bgp_peers:
+        if not peer.password_file:
+            continue
+        where = f'BGPPeer "{peer.name}": spec.passwordFile'
+        try:
+            text = reader(peer.password_file)
+        except FileNotFoundError:
+            errors.append(f'{where}: password file "{peer.password_file}" not found')
+            continue
+        except (OSError, UnicodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+            errors.append(f'{where}: password file "{peer.password_file}" cannot be read: {reason}')
+            continue
+        text = text[:-1] if text.endswith("\n") else text
+        problem = password_problem(text)
+        if problem:
+            errors.append(f'{where}: password file "{peer.password_file}": {problem}')
+            continue
+        peer.password = text
+    return errors
 
 
 def _community_key(text: str) -> tuple[int, ...]:

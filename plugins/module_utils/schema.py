@@ -104,7 +104,8 @@ KINDS: dict[str, tuple[tuple[str, ...], frozenset[str]]] = {
         frozenset(
             {"myASN", "peerASN", "localASN", "dynamicASN", "peerAddress", "interface", "sourceAddress", "peerPort",
              "holdTime", "keepaliveTime", "connectTime", "routerID", "nodeSelectors", "password", "passwordSecret",
-             "bfdProfile", "enableGracefulRestart", "ebgpMultiHop", "vrf", "disableMP", "dualStackAddressFamily"}
+             "passwordFile", "bfdProfile", "enableGracefulRestart", "ebgpMultiHop", "vrf", "disableMP",
+             "dualStackAddressFamily"}
         ),
     ),
     "BFDProfile": (
@@ -287,6 +288,7 @@ class BGPPeer:
     node_selectors: list[dict] = field(default_factory=list)
     password: str = ""
     password_secret: dict = field(default_factory=dict)
+    password_file: str = ""  # our own field: a file on the node holding the password (read at (re)load)
     bfd_profile: str = ""
     enable_graceful_restart: bool = False
     ebgp_multihop: bool = False
@@ -760,6 +762,12 @@ def _parse_l2(res: _Res, pools: dict[str, Pool]) -> L2Advertisement:
 def _parse_bgp_adv(res: _Res, pools: dict[str, Pool], communities: dict[str, str]) -> BGPAdvertisement:
     spec, name = res.spec, res.name
     adv = BGPAdvertisement(name=name, pools=_resolve_pools(res, pools))
+    if not adv.pools and not (spec.get("ipAddressPools") and any(p not in pools for p in spec["ipAddressPools"]
+                                                                 if isinstance(p, str))):
+        # MetalLB would keep an advertisement that selects nothing; it can only be a mistake here
+        field_name = "spec.ipAddressPoolSelectors" if spec.get("ipAddressPoolSelectors") else "spec"
+        known = ", ".join(_q(p) for p in pools) or "none"
+        res.err(field_name, f"BGPAdvertisement {_q(name)} selects no IPAddressPool (defined pools: {known})")
     adv.node_selectors = res.selectors(spec, "nodeSelectors", "spec")
     adv.service_selectors = res.selectors(spec, "serviceSelectors", "spec")
     adv.peers = res.strings(spec, "peers", "spec")
@@ -924,6 +932,10 @@ def _parse_peer(res: _Res, bfd: dict[str, BFDProfile], secrets: dict[str, dict])
         elif ka > hold:
             res.err("spec.keepaliveTime", f"invalid BGPPeer timers: invalid keepaliveTime {_q(ka_text)}, must be "
                     f"lower than holdTime {_q(shown)}")
+        elif hold >= MAX_BGP_TIMER + 1:
+            # BGP carries the hold time in 16 bits: FRR's "timers" takes 0-65535 and refuses more
+            res.err("spec.holdTime", f"invalid BGPPeer timers: invalid hold time {_q(shown)}: must be at most "
+                    f"{MAX_BGP_TIMER}s (BGP's 16-bit field; FRR refuses more)")
         peer.hold_time, peer.keepalive_time = hold, ka
 
     connect = spec.get("connectTime")
@@ -963,9 +975,38 @@ def _parse_peer(res: _Res, bfd: dict[str, BFDProfile], secrets: dict[str, dict])
                     res.err("spec.passwordSecret.name", f"password not specified in the secret {_q(secret_name)}")
                 else:
                     peer.password = secret["data"]["password"]
+    password_file = spec.get("passwordFile")
+    if password_file is not None:
+        if not isinstance(password_file, str) or not password_file.startswith("/") or "\0" in password_file:
+            res.err("spec.passwordFile", f"must be an absolute path, got {password_file!r}")
+        elif peer.password_secret or spec.get("password") is not None:
+            res.err("spec.passwordFile", "can not have both passwordFile and password or passwordSecret set in peer "
+                    f"config {_q(res.name)}")
+        else:
+            peer.password_file = password_file
+    if peer.password:
+        problem = password_problem(peer.password)
+        if problem:
+            res.err("spec.passwordSecret.name" if peer.password_secret else "spec.password", problem)
     if peer.bfd_profile and peer.bfd_profile not in bfd:
         res.err("spec.bfdProfile", f"peer {res.name} referencing non existing bfd profile {peer.bfd_profile}")
     return peer
+
+
+MAX_BGP_TIMER = 65535
+MAX_PASSWORD_LENGTH = 80  # TCP MD5 signature keys (RFC 2385) are at most 80 bytes on Linux
+
+
+def password_problem(password: str) -> str:
+    """Why FRR cannot take ``password`` as a neighbour password ("" when it can); never quotes it."""
+    if not password:
+        return "invalid BGP password: empty"
+    if len(password.encode("utf-8")) > MAX_PASSWORD_LENGTH:
+        return f"invalid BGP password: longer than {MAX_PASSWORD_LENGTH} bytes (the TCP MD5 key limit)"
+    if any(c.isspace() or not c.isprintable() or not c.isascii() or c in "!#" for c in password):
+        return ("invalid BGP password: only printable ASCII without spaces, '!' or '#' fits on FRR's "
+                "\"neighbor ... password\" line")
+    return ""
 
 
 def peer_identifier(peer: BGPPeer) -> str:

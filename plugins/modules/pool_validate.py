@@ -17,7 +17,17 @@ description:
   - On success returns the pools normalized, with per-family counts of total, assigned and available addresses
     (the assigned ones are read from the services' C(status.loadBalancer.ingress)), and a summary of the
     advertisements.
-  - Runs on the controller or any host; it reads nothing but its arguments and changes nothing.
+  - Runs on the controller or any host; it reads nothing but its arguments (and, with O(check_password_files),
+    the BGPPeers' C(passwordFile)s on the host it runs on) and changes nothing.
+options:
+  check_password_files:
+    description:
+      - Also read each BGPPeer's C(spec.passwordFile) (an absolute path on the host the module runs on, so run it on
+        the nodes, not delegated to the controller) and refuse the configuration when one is missing, unreadable,
+        empty or holds a password FRR cannot take, as C(nocloudlb validate) and the speaker's (re)load do.
+      - The password itself never appears in the result or in a message.
+    type: bool
+    default: false
 author:
   - nocloud.loadbalancer developers (@nocloud)
 extends_documentation_fragment:
@@ -176,6 +186,7 @@ errors:
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402 (after the docs, as Ansible modules are)
 from ansible_collections.nocloud.loadbalancer.plugins.module_utils._argspec import resources_spec  # noqa: E402
+from ansible_collections.nocloud.loadbalancer.plugins.module_utils.bgp import read_password_files  # noqa: E402
 from ansible_collections.nocloud.loadbalancer.plugins.module_utils.errors import ConfigError  # noqa: E402
 from ansible_collections.nocloud.loadbalancer.plugins.module_utils.pools import pool_counts  # noqa: E402
 from ansible_collections.nocloud.loadbalancer.plugins.module_utils.schema import parse_resources  # noqa: E402
@@ -257,9 +268,15 @@ def summarize(config):
 
 
 def main():
-    module = AnsibleModule(argument_spec=resources_spec(), supports_check_mode=True)
+    spec = resources_spec()
+    spec["check_password_files"] = {"type": "bool", "default": False}
+    module = AnsibleModule(argument_spec=spec, supports_check_mode=True)
     try:
         config = parse_resources(module.params["resources"])
+        if module.params["check_password_files"]:
+            problems = read_password_files(config)
+            if problems:
+                raise ConfigError(problems)
     except ConfigError as exc:
         count = len(exc.errors)
         module.fail_json(

@@ -34,6 +34,7 @@ from typing import Any
 import kinship
 
 from nocloudlb.core.allocation import held_address_problems
+from nocloudlb.core.bgp import read_password_files  # mode: bgp
 from nocloudlb.core.election import DRAIN_LABEL, NodeView
 from nocloudlb.core.errors import ConfigError
 
@@ -62,6 +63,13 @@ def label_keys(parsed: Any) -> set[str]:
         for sel in adv.node_selectors or []:
             keys.update((sel.get("matchLabels") or {}).keys())
             keys.update(e.get("key") for e in sel.get("matchExpressions") or [] if e.get("key"))
+    # mode: bgp - BGPPeer/BGPAdvertisement node selectors and the flow-handover switch (bgp/flows.py)
+    for item in list(getattr(parsed, "bgp_advertisements", [])) + list(getattr(parsed, "bgp_peers", [])):
+        for sel in item.node_selectors or []:
+            keys.update((sel.get("matchLabels") or {}).keys())
+            keys.update(e.get("key") for e in sel.get("matchExpressions") or [] if e.get("key"))
+    if getattr(parsed, "bgp_peers", None):
+        keys.add("nocloud.io/bgp-flow-handover")
     return keys
 
 
@@ -116,6 +124,8 @@ def check_extra(cfg: SpeakerConfig) -> tuple[list[str] | None, list[str]]:
     errors.extend(health_specs(cfg.parsed)[1])
     errors.extend(metadata_problems(cfg))
     errors.extend(held_address_problems(cfg.parsed.services))  # one VIP, one leader: sharing as MetalLB allows
+    if cfg.parsed is not None:  # mode: bgp - BGPPeer passwordFile, read where it lives
+        errors.extend(read_password_files(cfg.parsed))
     return keys, errors
 
 
@@ -303,7 +313,12 @@ class Speaker:
         def bgp(cfg: SpeakerConfig) -> Mode:  # mode: bgp
             from .bgp.mode import BgpMode, FrrControl  # noqa: PLC0415
 
-            return BgpMode(cfg.node_name, FrrControl(workdir=os.path.dirname(cfg.socket)))
+            def host(addr: str) -> str:
+                return addr.rsplit(":", 1)[0].strip("[]")
+
+            # point 8's flow handover goes to the other members (the join list, this node left out)
+            peers = [host(a) for a in cfg.join if host(a) != host(cfg.bind)]
+            return BgpMode(cfg.node_name, FrrControl(workdir=os.path.dirname(cfg.socket)), flow_peers=peers)
 
         return [
             ("dataplane", lambda parsed: bool(getattr(parsed, "backends", None)), dataplane),

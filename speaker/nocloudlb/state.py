@@ -16,14 +16,21 @@ from typing import Any
 LABELS_FILE = "labels.json"
 
 
-def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
+def atomic_write(path: Path, data: bytes, mode: int = 0o644, gid: int | None = None) -> None:
+    """Write ``data`` to ``path`` through a temp file and a rename; ``gid``: also give the file that
+    group (when this process may not, the file keeps its default group: ``mode`` still applies)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix="." + path.name + ".", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix="." + path.name + ".", dir=path.parent)  # 0600 until chmod
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
+        if gid is not None:
+            try:
+                os.chown(tmp, -1, gid)
+            except OSError:
+                pass  # not a member of that group (or no such group here): the mode still keeps others out
         os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:

@@ -17,6 +17,7 @@ import pytest
 from nocloudlb.bgp.frr import FrrControl
 from nocloudlb.bgp.mode import BgpMode
 from nocloudlb.core.election import DRAIN_LABEL, NodeView
+from nocloudlb.core.routes import kernel_next_hops
 from nocloudlb.core.schema import parse_resources
 
 pytestmark = pytest.mark.timeout(300)
@@ -70,14 +71,7 @@ def vtysh_json(lab: labctl.Lab, host: str, command: str) -> dict:
 
 def next_hops(lab: labctl.Lab, prefix: str) -> set[str]:
     """The next hops of ``prefix`` in r1's kernel table."""
-    out = lab.exec("r1", ["ip", "-j", "route", "show", prefix], timeout=10).stdout
-    hops: set[str] = set()
-    for route in json.loads(out or "[]"):
-        if route.get("gateway"):
-            hops.add(route["gateway"])
-        for nh in route.get("nexthops", []):
-            hops.add(nh["gateway"])
-    return hops
+    return kernel_next_hops(lab.exec("r1", ["ip", "-j", "route", "show", prefix], timeout=10).stdout, prefix)
 
 
 def wait_for(pred, timeout: float, step: float = 0.05):

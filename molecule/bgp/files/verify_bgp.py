@@ -8,12 +8,15 @@ figures, ``BGP-FIGURES {json}`` at the end, and exits 1 at the first failed chec
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 import time
 
 LAB, REPO = sys.argv[1], sys.argv[2]
 sys.path.insert(0, f"{REPO}/roles/lab/files")
 import labctl  # noqa: E402
+from nocloudlb.core.routes import kernel_next_hops  # noqa: E402
 
 lab = labctl.Lab(LAB)
 NODES = {"n1": "198.51.100.11", "n2": "198.51.100.12", "n3": "198.51.100.13"}
@@ -65,14 +68,7 @@ def vt(host: str, command: str) -> dict:
 
 
 def hops(prefix: str) -> set[str]:
-    out = lab.exec("r1", ["ip", "-j", "route", "show", prefix], timeout=10).stdout
-    found: set[str] = set()
-    for route in json.loads(out or "[]"):
-        if route.get("gateway"):
-            found.add(route["gateway"])
-        for nh in route.get("nexthops", []):
-            found.add(nh["gateway"])
-    return found
+    return kernel_next_hops(lab.exec("r1", ["ip", "-j", "route", "show", prefix], timeout=10).stdout, prefix)
 
 
 def sessions() -> dict[str, dict]:
@@ -157,6 +153,101 @@ figures["drain_failed"] = len(polled["failed"])
 check(not polled["failed"], f"drain lost requests: {polled}")
 print(f"BGP drain n1: next hop gone after {t:.3f} s, session kept; {polled['total']} requests every 50 ms, "
       f"{len(polled['failed'])} failed; undrain brings it back", flush=True)
+
+# 4b. drain.yml with router=r1 returns only once r1 no longer routes through the node -------------
+BIN = os.path.dirname(sys.executable)
+INVENTORY = ["-i", f"/var/lib/nocloudlb-lab/{LAB}/inventory.yml", "-i", f"{REPO}/molecule/bgp/inventory"]
+DRAIN_PB = [f"{BIN}/ansible-playbook", *INVENTORY, f"{REPO}/playbooks/drain.yml", "-e", "target=n2", "-e", "router=r1"]
+info = subprocess.run([f"{BIN}/ansible", "r1", *INVENTORY, "-m", "nocloud.loadbalancer.bgp_route_info",
+                       "-a", f"source=frr prefixes={WEB} next_hop={NODES['n2']}"], capture_output=True, text=True,
+                      timeout=120, env=dict(os.environ, ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
+                                            ANSIBLE_STDOUT_CALLBACK="ansible.posix.json"))
+try:
+    answer = json.loads(info.stdout)["plays"][0]["tasks"][0]["hosts"]["r1"]
+except (ValueError, KeyError, IndexError):
+    answer = {}
+check(answer.get("routes") == {f"{WEB}/32": sorted(ALL)} and answer.get("through_next_hop") == [f"{WEB}/32"],
+      f"bgp_route_info source=frr on r1: {info.stdout[-2000:]} {info.stderr[-2000:]}")
+print(f"BGP bgp_route_info (FRR's zebra on r1) agrees with r1's kernel: {WEB}/32 via {sorted(ALL)}", flush=True)
+lab.exec("c2", ["rm", "-f", "/tmp/stop"])
+poller = lab.popen_exec("c2", ["python3", "-c", CLIENT, WEB, "0", "0.05", "/tmp/stop"])
+time.sleep(1.0)
+t0 = time.monotonic()
+run = subprocess.run(DRAIN_PB, capture_output=True, text=True, timeout=180)
+took = time.monotonic() - t0
+right_after = hops(WEB)
+check(run.returncode == 0, f"drain.yml -e router=r1 failed: {run.stdout[-3000:]} {run.stderr[-2000:]}")
+check(NODES["n2"] not in right_after and right_after, f"drain.yml returned while r1 routes {WEB} via {right_after}")
+run = subprocess.run(DRAIN_PB + ["-e", "state=undrained"], capture_output=True, text=True, timeout=180)
+check(run.returncode == 0, f"drain.yml state=undrained failed: {run.stdout[-3000:]} {run.stderr[-2000:]}")
+check(bool(wait_for(lambda: hops(WEB) == ALL, 90, 0.2)), f"undrain n2: next hops {hops(WEB)}")
+time.sleep(1.0)
+lab.exec("c2", ["touch", "/tmp/stop"])
+out, _err = poller.communicate(timeout=30)
+polled = json.loads(out)
+figures["drain_playbook_s"] = round(took, 1)
+figures["drain_playbook_failed"] = len(polled["failed"])
+check(not polled["failed"], f"drain.yml lost requests: {polled}")
+print(f"BGP drain.yml -e router=r1 on n2: returned after {took:.1f} s with r1 routing {WEB} via "
+      f"{sorted(right_after)} only; {polled['total']} requests every 50 ms, {len(polled['failed'])} failed",
+      flush=True)
+
+# 4c. point 8: long-lived connections across a drain (the router rehashes its ECMP flows) ------------
+FLOWS = open(f"{REPO}/molecule/bgp/files/flows.py", encoding="utf-8").read()
+ECHO_PORT, N_CONN = 8090, 90
+MACS = {n: json.loads(lab.exec(n, ["ip", "-j", "link", "show", "eth0"]).stdout)[0]["address"] for n in NODES}
+for n in NODES:
+    lab.exec(n, ["systemd-run", "--unit", "lab-echo", "--collect", "python3", "-c", FLOWS, "server", str(ECHO_PORT)],
+             check=False)
+
+
+def drain_with_flows(node: str) -> dict:
+    lab.exec("c2", ["rm", "-f", "/tmp/stop-flows"])
+    proc = lab.popen_exec("c2", ["python3", "-c", FLOWS, "client", WEB, str(ECHO_PORT), str(N_CONN), "/tmp/stop-flows"])
+    assert proc.stdout is not None
+    ready = json.loads(proc.stdout.readline() or "{}").get("ready")
+    check(bool(ready) and len(ready) == 3, f"long-lived connections not spread over the 3 nodes: {ready}")
+    time.sleep(1.0)
+    lab.exec(node, [CLI, "label", "set", f"{DRAIN}=true"])
+    check(bool(wait_for(lambda: hops(WEB) == ALL - {NODES[node]}, 10)), f"drain {node}: hops {hops(WEB)}")
+    time.sleep(3.0)
+    lab.exec("c2", ["touch", "/tmp/stop-flows"])
+    out, _err = proc.communicate(timeout=60)
+    lab.exec(node, [CLI, "label", "unset", DRAIN])
+    check(bool(wait_for(lambda: hops(WEB) == ALL, 90, 0.2)), f"undrain {node}: next hops {hops(WEB)}")
+    result = json.loads(out.strip().splitlines()[-1])
+    nodes = result["nodes"]
+    return {"drained": nodes[node], "staying": {
+        "connections": sum(v["connections"] for k, v in nodes.items() if k != node),
+        "broken": sum(v["broken"] for k, v in nodes.items() if k != node)}, "rounds": result["rounds"]}
+
+
+for n in NODES:  # each speaker hands unknown mid-stream segments to the two others (bgp/flows.py)
+    check(bool(wait_for(lambda n=n: lab.exec(n, ["nft", "list", "table", "ip", "nocloudlb_bgp_flows"],
+                                             check=False).returncode == 0, 30, 0.5)),
+          f"{n}: no flow-handover table: {lab.exec(n, [CLI, 'status', '--json'], check=False).stdout[-1500:]}")
+handed = drain_with_flows("n1")
+figures["flows_handover"] = handed
+print(f"BGP point 8, drain n1 with {N_CONN} long-lived connections, the speakers' flow handover: drained node "
+      f"{handed['drained']['broken']}/{handed['drained']['connections']} broken, staying nodes "
+      f"{handed['staying']['broken']}/{handed['staying']['connections']} broken", flush=True)
+OFF = "nocloud.io/bgp-flow-handover"
+for n in NODES:  # the same without it: the node label turns it off
+    lab.exec(n, [CLI, "label", "set", f"{OFF}=off"])
+for n in NODES:
+    check(bool(wait_for(lambda n=n: lab.exec(n, ["nft", "list", "table", "ip", "nocloudlb_bgp_flows"],
+                                             check=False).returncode != 0, 30, 0.5)), f"{n}: handover still on")
+plain = drain_with_flows("n1")
+for n in NODES:
+    lab.exec(n, [CLI, "label", "unset", OFF])
+figures["flows_plain"] = plain
+print(f"BGP point 8, the same with plain ECMP (handover off by label): drained node "
+      f"{plain['drained']['broken']}/{plain['drained']['connections']} broken, staying nodes "
+      f"{plain['staying']['broken']}/{plain['staying']['connections']} broken", flush=True)
+check(handed["drained"]["broken"] == 0 and handed["staying"]["broken"] == 0,
+      f"the flow handover let connections break on a drain: {handed}")
+check(plain["drained"]["broken"] > 0, f"plain ECMP kept every connection of the drained node: {plain} "
+      "(then this check proves nothing)")
 
 # 5. freeze a node (BFD 100 ms x 3) ------------------------------------------------------------
 fault = lab.fault_freeze("n3")

@@ -13,10 +13,12 @@ import json
 import os
 import socket
 import subprocess
-import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+from ..state import atomic_write
 
 RELOAD = "/usr/lib/frr/frr-reload.py"
 
@@ -59,27 +61,16 @@ class FrrControl:
         raise FrrError(f"group {self.group!r} not found")
 
     def write(self, text: str, path: str | None = None) -> str:
-        """Write ``text`` atomically to ``path`` (default: frr.conf), mode 0640 root:frr. Returns the path."""
+        """Write ``text`` atomically to ``path`` (default: frr.conf), mode 0640 group frr. Returns the path.
+
+        Unprivileged (the unit), the frr role's setgid /etc/frr gives the group when chown may not.
+        """
         target = path or self.conf
-        real = self.path(target)
-        directory = os.path.dirname(real)
-        fd, tmp = tempfile.mkstemp(prefix=".nocloudlb-", dir=directory)
         try:
-            os.fchmod(fd, 0o640)
-            if os.geteuid() == 0:  # unprivileged (the unit): the frr role's setgid /etc/frr gives group frr
-                try:
-                    os.fchown(fd, 0, self._gid())
-                except (OSError, FrrError, KeyError):
-                    pass  # no frr group: 0640 still keeps others out
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(text)
-            os.replace(tmp, real)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
-            raise
+            gid: int | None = self._gid()
+        except (OSError, FrrError, KeyError):
+            gid = None  # no frr group: 0640 still keeps others out
+        atomic_write(Path(self.path(target)), text.encode("utf-8"), 0o640, gid)
         return target
 
     def staged(self) -> str:

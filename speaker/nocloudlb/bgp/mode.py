@@ -38,6 +38,7 @@ from nocloudlb.core.election import NodeView
 from nocloudlb.core.schema import BGPPeer, Config
 
 from .. import logs
+from .flows import OFF_LABEL, FlowHandover
 from .frr import FrrControl, FrrError
 from .render import Rendered, redact, render
 
@@ -86,9 +87,14 @@ class BgpMode:
 
     def __init__(self, node: str, frr: FrrControl | None = None, *, debounce: float = 0.3, retry: float = 5.0,
                  watch_interval: float = 0.25, watch_timeout: float = 0.5, watch_failures: int = 1,
-                 registry: CollectorRegistry | None = REGISTRY) -> None:
+                 registry: CollectorRegistry | None = REGISTRY, flow_peers: list[str] | None = None,
+                 flow_interval: float = 2.0) -> None:
         self.node = node
         self.frr = frr or FrrControl()
+        # point 8: the other nodes' addresses, for the flow handover (flows.py); none = off
+        self.flows = FlowHandover(flow_peers or [], self._run)
+        self.flow_interval = flow_interval
+        self._flows_off = False  # the node label OFF_LABEL=off
         self.debounce = debounce
         self.retry = retry
         self.watch_interval = watch_interval
@@ -124,7 +130,7 @@ class BgpMode:
     def start(self) -> None:
         self._forwarding = self.frr.forwarding()
         self._unblock(force=True)  # a table a crashed speaker left behind
-        for target, name in ((self._work, "bgp-reload"), (self._watch, "bgp-watch")):
+        for target, name in ((self._work, "bgp-reload"), (self._watch, "bgp-watch"), (self._flows, "bgp-flows")):
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
             self._threads.append(t)
@@ -132,8 +138,10 @@ class BgpMode:
     def apply(self, me: str, nodes: list[NodeView], parsed: Config) -> None:
         decision = bgp_decision(me, nodes, parsed)
         rendered = render(me, decision, parsed, self._forwarding or (True, True))
+        mine = next((n for n in nodes if n.name == me), None)
         with self._cond:
             self._decision, self._config = decision, parsed
+            self._flows_off = mine is not None and (mine.labels or {}).get(OFF_LABEL) == "off"
             self._withdrawn = False
             if self._desired is None or rendered.text != self._desired.text:
                 self._desired = rendered
@@ -175,6 +183,7 @@ class BgpMode:
                 "bgpVips": {ip: {"announcing": a, "reason": r, "services": s}
                             for ip, (a, r, s) in sorted(self._decision.vips.items())},
                 "withdrawn": self._withdrawn,
+                "flowHandover": self.flows.status(),
                 "frr": {"healthy": self._healthy, "error": self._watch_error, "bfdBlocked": self._blocked},
                 "config": {"applied": self._applied is not None, "pending": pending, "error": self._reload_error,
                            "failures": self._failures, "reloads": self._reloads,
@@ -189,6 +198,33 @@ class BgpMode:
             t.join(timeout=10)
         self._threads = []
         self._unblock()
+        self.flows.clear()
+
+    # -- flow handover (point 8): its own thread, nft and ip calls off the others' paths --------
+    def _run(self, argv: list[str], stdin: str | None) -> str:
+        proc = self.frr.run(argv, timeout=10.0, input_text=stdin)
+        if proc.returncode != 0:
+            raise FrrError(f"{' '.join(argv[:3])}: {(proc.stderr or proc.stdout).strip()[:300]}")
+        return proc.stdout
+
+    def _flows(self) -> None:
+        if not self.flows.addresses:
+            return
+        served: set[str] | None = None
+        next_at = 0.0
+        while True:
+            with self._cond:
+                while (not self._stop and time.monotonic() < next_at
+                       and served == (set() if self._flows_off else self._decision.serve)):
+                    self._cond.wait(max(0.05, min(0.5, next_at - time.monotonic())))
+                if self._stop:
+                    return
+                served = set() if self._flows_off else set(self._decision.serve)
+            try:
+                self.flows.refresh(served)
+            except Exception as exc:  # noqa: BLE001 - one failure never stops the thread
+                logs.event(log, "bgpFlowHandoverFailed", str(exc)[:500], logging.ERROR)
+            next_at = time.monotonic() + self.flow_interval
 
     # -- worker: withdrawals now, the rest through frr-reload --------------------------------
     def rendered(self) -> Rendered | None:

@@ -17,6 +17,8 @@ from conftest import FIXTURES
 REPO = pathlib.Path(__file__).resolve().parents[3]
 BIN = pathlib.Path(sys.executable).parent
 
+SECRET = "s3cret-Never-Logged"
+
 PLAYBOOK = """
 - hosts: localhost
   gather_facts: false
@@ -37,6 +39,38 @@ PLAYBOOK = """
           - {apiVersion: metallb.io/v1beta2, kind: BGPPeer, metadata: {name: r},
              spec: {myASN: 64500, peerASN: 64501, peerAddress: 198.51.100.1, holdTime: 30s, keepaliveTime: 40s}}
       ignore_errors: true
+    - name: bgp bad input
+      nocloud.loadbalancer.pool_validate:
+        check_password_files: true
+        resources:
+          - {apiVersion: metallb.io/v1beta1, kind: IPAddressPool, metadata: {name: a, labels: {use: bgp}},
+             spec: {addresses: [203.0.113.0/28]}}
+          - {apiVersion: metallb.io/v1beta1, kind: BFDProfile, metadata: {name: fast}, spec: {detectMultiplier: 300}}
+          - {apiVersion: metallb.io/v1beta2, kind: BGPPeer, metadata: {name: r1},
+             spec: {myASN: 64500, peerASN: 4294967296, peerAddress: 198.51.100.1, holdTime: 70000s}}
+          - {apiVersion: metallb.io/v1beta2, kind: BGPPeer, metadata: {name: r2},
+             spec: {myASN: 64500, peerASN: 64501, peerAddress: 198.51.100.2, passwordFile: "{{ missing }}"}}
+          - {apiVersion: metallb.io/v1beta1, kind: BGPAdvertisement, metadata: {name: none},
+             spec: {ipAddressPoolSelectors: [{matchLabels: {use: l2}}]}}
+      ignore_errors: true
+    - name: bgp missing password file
+      nocloud.loadbalancer.pool_validate:
+        check_password_files: true
+        resources:
+          - {apiVersion: metallb.io/v1beta1, kind: IPAddressPool, metadata: {name: a},
+             spec: {addresses: [203.0.113.0/28]}}
+          - {apiVersion: metallb.io/v1beta2, kind: BGPPeer, metadata: {name: r2},
+             spec: {myASN: 64500, peerASN: 64501, peerAddress: 198.51.100.2, passwordFile: "{{ missing }}"}}
+      ignore_errors: true
+    - name: bgp password file
+      nocloud.loadbalancer.pool_validate:
+        check_password_files: true
+        resources:
+          - {apiVersion: metallb.io/v1beta1, kind: IPAddressPool, metadata: {name: a},
+             spec: {addresses: [203.0.113.0/28]}}
+          - {apiVersion: metallb.io/v1beta2, kind: BGPPeer, metadata: {name: r2},
+             spec: {myASN: 64500, peerASN: 64501, peerAddress: 198.51.100.2, passwordFile: "{{ pwfile }}"}}
+          - {apiVersion: metallb.io/v1beta1, kind: BGPAdvertisement, metadata: {name: all}}
 """
 
 
@@ -47,6 +81,7 @@ def results(tmp_path_factory):
     (tmp / "ansible_collections" / "nocloud").mkdir(parents=True)
     (tmp / "ansible_collections" / "nocloud" / "loadbalancer").symlink_to(REPO)
     (tmp / "pb.yml").write_text(PLAYBOOK)
+    (tmp / "pw").write_text(SECRET + "\n")
     env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(tmp), ANSIBLE_STDOUT_CALLBACK="ansible.posix.json",
                ANSIBLE_CALLBACK_RESULT_FORMAT="json", PATH=f"{BIN}:{os.environ.get('PATH', '')}",
                ANSIBLE_LOCAL_TEMP=str(tmp / "tmp"), ANSIBLE_HOME=str(tmp / "home"))
@@ -55,6 +90,7 @@ def results(tmp_path_factory):
         proc = subprocess.run(
             [str(BIN / "ansible-playbook"), "-i", "localhost,", "-c", "local",
              "-e", f"ansible_python_interpreter={sys.executable}", "-e", f"fixtures={FIXTURES}",
+             "-e", f"pwfile={tmp / 'pw'}", "-e", f"missing={tmp / 'absent' / 'pw'}",
              str(tmp / "pb.yml"), *extra],
             cwd=tmp, env=env, capture_output=True, text=True, timeout=120, check=False,
         )
@@ -102,8 +138,38 @@ def test_bad_manifest_lists_every_error(results):
     assert bad["msg"] == "invalid load balancer configuration (3 problems):\n" + "\n".join(bad["errors"])
 
 
+def test_bgp_bad_input_refused_with_field_and_value(results):
+    bad = results["run"]["bgp bad input"]
+    assert bad["failed"] is True
+    errors = bad["errors"]
+    assert errors[:4] == [
+        'BFDProfile "fast": spec.detectMultiplier: invalid detect multiplier value: invalid value 300, must be in '
+        '2-255 range',
+        'BGPPeer "r1": spec.peerASN: invalid value 4294967296, must be in 0-4294967295 range',
+        'BGPPeer "r1": spec.peerASN: missing peer ASN and dynamicASN',
+        'BGPPeer "r1": spec.holdTime: invalid BGPPeer timers: invalid hold time "70000s": must be at most 65535s '
+        "(BGP's 16-bit field; FRR refuses more)",
+    ]
+    assert errors[4] == ('BGPAdvertisement "none": spec.ipAddressPoolSelectors: BGPAdvertisement "none" selects no '
+                         'IPAddressPool (defined pools: "a")')
+    assert len(errors) == 5  # the schema errors stop before the files are read
+
+
+def test_missing_password_file_refused(results, tmp_path_factory):
+    bad = results["run"]["bgp missing password file"]
+    assert bad["failed"] is True and len(bad["errors"]) == 1
+    assert bad["errors"][0].startswith('BGPPeer "r2": spec.passwordFile: password file "')
+    assert bad["errors"][0].endswith('/absent/pw" not found')
+
+
+def test_password_file_read_on_the_host_and_never_shown(results):
+    ok = results["run"]["bgp password file"]
+    assert not ok.get("failed") and ok["summary"]["bgpPeers"] == 1
+    assert SECRET not in json.dumps(results["run"])
+
+
 def test_check_mode_is_the_same_read_only_run(results):
-    for name in ("good", "bgp", "bad"):
+    for name in ("good", "bgp", "bad", "bgp bad input", "bgp missing password file", "bgp password file"):
         run, check = dict(results["run"][name]), dict(results["check"][name])
         for volatile in ("invocation",):
             run.pop(volatile, None)
