@@ -51,6 +51,7 @@ REANNOUNCED = Counter("nocloudlb_speaker_reannounced",
                       "Times this node re-announced the VIPs it leads after the cluster healed", ["reason"])
 
 HANDOVER_WAIT = 2.0  # seconds a planned move waits for its forwarding before it is announced anyway
+SUSPECT_WAIT = 0.05  # the same for a takeover from a member only suspected (heartbeats stopped): speed first
 
 
 @dataclass
@@ -144,7 +145,8 @@ class L2Mode:
                  gate: Callable[[], str] = lambda: "",
                  member_macs: Callable[[], dict[str, tuple[bytes, ...]]] = dict,
                  handover: Any = None, post: Callable[[], None] = lambda: None,
-                 other_lo: Callable[[], set[str]] = set) -> None:
+                 other_lo: Callable[[], set[str]] = set,
+                 suspecters: Callable[[], frozenset[str]] = frozenset) -> None:
         self.announcer = announcer
         self.delivery = delivery
         self.state_dir = state_dir
@@ -153,6 +155,8 @@ class L2Mode:
         self.handover = handover
         self.post = post
         self.other_lo = other_lo  # VIPs other modes serve (BGP): held on lo here as well, never announced
+        self.suspecters = suspecters  # members that suspect this node (heartbeat.py): it yields them their part
+        self._fwd_to: dict[str, str] = {}  # ip -> the member its handover forwarding goes to
         self.me = ""
         self._lock = threading.Lock()
         self._rows: list[VipRow] = []
@@ -184,6 +188,9 @@ class L2Mode:
         announce: dict[str, list[str] | None] = {}
         lo: set[str] = set()
         candidates: dict[str, list[str]] = {}
+        suspecters = self.suspecters()
+        others = [n for n in nodes if n.name != me] if suspecters else []
+        handed_wait: dict[str, float] = {}
         for svc in parsed.services:
             for ip in svc.ingress_ips:
                 pool = parsed.pool_for_ip(ip)
@@ -194,6 +201,12 @@ class L2Mode:
                 leader, reason = layer2_decision(me, nodes, ads, svc, ip)
                 if reason == "":
                     candidates[ip] = layer2_candidates(nodes, ads, svc)
+                if reason == "" and suspecters:
+                    # a member that stopped hearing this node takes what it would lead without it:
+                    # yield that VIP (one owner); take it back when it hears this node again
+                    nxt = layer2_decision(me, others, ads, svc, ip)[0]
+                    if nxt in suspecters:
+                        leader, reason = nxt, "suspectedByPeer"
                 if reason == "" and gate:
                     reason = gate
                 if reason == "" and ip not in self._announced:
@@ -206,6 +219,11 @@ class L2Mode:
                         skip.add(ip)
                         if states.get(before) == "alive":
                             handed[ip] = before  # a planned move: its in-flight connections go on there
+                        elif states.get(before) == "unreachable":
+                            # only suspected (heartbeats stopped, gossip not sure): forward toward it too,
+                            # so a false suspicion resets nothing; wait less for the forwarding
+                            handed[ip] = before
+                            handed_wait[ip] = SUSPECT_WAIT
                 mine = [a for a in ads if a.selects_service(svc.labels) and a.selects_node(my_view.labels)]
                 ifaces = [] if any(not a.interfaces for a in mine) else sorted({i for a in mine for i in a.interfaces})
                 if mine:
@@ -226,9 +244,13 @@ class L2Mode:
         if len(kept) != len(self._announced):
             self.announcer.set_announced(kept)
             self._announced = kept
+        new_leader = {r.ip: r.leader for r in rows}
         with self._lock:
             lost = [ip for ip in self._forwarding if ip not in final]
             self._forwarding.difference_update(lost)
+        # a VIP that goes back to the member its forwarding goes to keeps the forwarding until its grace
+        # ends (the kernel expires it): clients reach this node until that member's gratuitous ARP
+        lost = [ip for ip in lost if self._fwd_to.get(ip) is None or self._fwd_to.get(ip) != new_leader.get(ip)]
         if lost and self.handover is not None:
             self.handover.stop_async(lost)
         for ip in [ip for ip in self._waiting if ip not in final]:
@@ -257,7 +279,7 @@ class L2Mode:
         # 3. planned moves: forwarding first (in the forwarder's worker), then announce
         now = time.monotonic()
         if self.handover is not None and handed:
-            self._plan_handover({ip: n for ip, n in handed.items() if ip in held}, held, now)
+            self._plan_handover({ip: n for ip, n in handed.items() if ip in held}, held, now, handed_wait)
         for ip in list(self._waiting):
             if ip in self._ready or now >= self._waiting[ip]:
                 self._waiting.pop(ip)
@@ -281,7 +303,8 @@ class L2Mode:
         with self._lock:
             self._rows = rows
 
-    def _plan_handover(self, handed: dict[str, str], held: dict[str, list[str]], now: float) -> None:
+    def _plan_handover(self, handed: dict[str, str], held: dict[str, list[str]], now: float,
+                       waits: dict[str, float] | None = None) -> None:
         """Queue the forwarding of each planned move to its old owner's published MAC; the VIP waits."""
         macs = self.member_macs()
         all_ifaces = self.announcer.stats().get("interfaces", [])
@@ -293,10 +316,11 @@ class L2Mode:
             if not theirs:
                 continue  # nothing published: announce at once, no forwarding
             moves[ip] = (_mac_text(theirs[0]), held[ip] or all_ifaces)
+            self._fwd_to[ip] = node
         if not moves:
             return
         for ip in moves:
-            self._waiting[ip] = now + HANDOVER_WAIT
+            self._waiting[ip] = now + (waits or {}).get(ip, HANDOVER_WAIT)
 
         wanted = sorted(moves)
 
