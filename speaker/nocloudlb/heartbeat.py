@@ -411,6 +411,14 @@ class Heartbeat:
         with self._lock:
             live = self._peers
             heard = {n for n, p in live.items() if p.heard_once and now - p.heard <= self.timeout}
+            if self._view.cut_off and heard:
+                # back from a cut-off: the members not heard again yet get a fresh timeout (not suspected
+                # for being heard last before it) and count as suspecting this node until their next
+                # packet says otherwise (they likely do: they did not hear it either)
+                for n, p in live.items():
+                    if p.heard_once and n not in heard:
+                        p.heard, p.suspects_me = now, True
+                        heard.add(n)
             suspected = set()
             for n, p in live.items():
                 if not p.heard_once or n in heard:

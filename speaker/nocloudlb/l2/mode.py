@@ -157,6 +157,7 @@ class L2Mode:
         self.other_lo = other_lo  # VIPs other modes serve (BGP): held on lo here as well, never announced
         self.suspecters = suspecters  # members that suspect this node (heartbeat.py): it yields them their part
         self._fwd_to: dict[str, str] = {}  # ip -> the member its handover forwarding goes to
+        self._yielded: set[str] = set()  # VIPs this node gave up to a member suspecting it, not yet taken back
         self.me = ""
         self._lock = threading.Lock()
         self._rows: list[VipRow] = []
@@ -217,7 +218,9 @@ class L2Mode:
                     before = self._leaders.get(ip)
                     if before and before != me:
                         skip.add(ip)
-                        if states.get(before) == "alive":
+                        if ip in self._yielded:
+                            pass  # taken back after a false suspicion: its connections never left this node
+                        elif states.get(before) == "alive":
                             handed[ip] = before  # a planned move: its in-flight connections go on there
                         elif states.get(before) == "unreachable":
                             # only suspected (heartbeats stopped, gossip not sure): forward toward it too,
@@ -296,6 +299,8 @@ class L2Mode:
                 leaders[ip] = self._leaders[ip]
         self._leaders = leaders
         self._candidates = candidates
+        self._yielded = {r.ip for r in rows if r.reason == "suspectedByPeer"} | {
+            r.ip for r in rows if r.ip in self._yielded and r.reason == "" and r.ip not in self._announced}
         seen = with_l2(rows, self.l2_view())
         self._busy = bool(self._waiting) or any(r.l2_state == "checking" and r.reason == "conflictCheck"
                                                 for r in seen)
@@ -321,6 +326,11 @@ class L2Mode:
             return
         for ip in moves:
             self._waiting[ip] = now + (waits or {}).get(ip, HANDOVER_WAIT)
+        shortest = min((waits or {}).get(ip, HANDOVER_WAIT) for ip in moves)
+        if shortest < HANDOVER_WAIT:  # a suspected takeover: decide again right at its deadline, not a tick later
+            timer = threading.Timer(shortest + 0.001, self.post)
+            timer.daemon = True
+            timer.start()
 
         wanted = sorted(moves)
 
