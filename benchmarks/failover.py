@@ -127,6 +127,8 @@ def run_keepalived(trials: int, workdir: Path, faults: tuple[str, ...] = FAULTS)
             conf = workdir / f"ka{i}.conf"
             conf.write_text(KEEPALIVED_CONF.format(name=f"n{i + 1}", prio=150 - i * 10, vip=vip))
             pid = workdir / f"ka{i}.pid"
+            for f in (pid, workdir / f"ka{i}.vrrp.pid"):  # stale after a kill -9 (as after a reboot: gone)
+                f.unlink(missing_ok=True)
             procs[i] = seg.popen(h.ns, ["keepalived", "-n", "-l", "-D", "-f", str(conf), "-p", str(pid),
                                         "-r", str(workdir / f"ka{i}.vrrp.pid")],
                                  stdout=open(workdir / f"ka{i}.log", "a"), stderr=open(workdir / f"ka{i}.log", "a"))
