@@ -291,6 +291,11 @@ class L2Mode:
         for ip in self._waiting:
             held.pop(ip, None)
         if held != self._announced:
+            if set(held) - set(self._announced) and hasattr(self.announcer, "reannounce"):
+                # gaining: re-read the interfaces first (reannounce of nothing), so a link that just came
+                # back (a cut-off node taking back, or the next node after its own link flapped) is
+                # announced on at once, not at the announcer's next periodic rescan
+                self.announcer.reannounce([])
             self.announcer.set_announced(held, skip_check=skip & set(held))
             self._announced = held
         leaders = {r.ip: r.leader for r in rows if r.leader}
