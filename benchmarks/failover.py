@@ -207,18 +207,34 @@ def main() -> int:
     ap.add_argument("--keepalived", action="store_true")
     ap.add_argument("--json", default=str(HERE.parent / "docs" / "images" / "failover.json"))
     ap.add_argument("--png", default=str(HERE.parent / "docs" / "images" / "failover.png"))
+    ap.add_argument("--no-speaker", action="store_true", help="keepalived only (with --keepalived)")
+    ap.add_argument("--merge", nargs="+", metavar="JSON",
+                    help="no run: merge the samples of several runs' JSON (e.g. one per profile, run side by side)")
     a = ap.parse_args()
+    if a.merge:
+        merged: dict[str, dict[str, list[float]]] = {}
+        for path in a.merge:
+            for name, per in json.loads(Path(path).read_text())["samples_s"].items():
+                for fault, vals in per.items():
+                    merged.setdefault(name, {}).setdefault(fault, []).extend(vals)
+        report(merged, a.trials, a.json, a.png)
+        return 0
     if os.geteuid() != 0:
         print("run as root (network namespaces)", file=sys.stderr)
         return 2
     faults = tuple(f for f in a.faults.split(",") if f)
     results: dict[str, dict[str, list[float]]] = {}
     with tempfile.TemporaryDirectory(prefix="nspbench-") as tmp:
-        for profile in a.profiles.split(","):
+        for profile in [] if a.no_speaker else a.profiles.split(","):
             results[f"nocloudlb {profile}"] = run_profile(profile, a.trials, Path(tmp), faults)
         if a.keepalived:
             results["keepalived VRRPv3 advert_int 0.1"] = run_keepalived(a.trials, Path(tmp), faults)
-    print(f"\nfault -> first gratuitous ARP from the new owner, {a.trials} trials per cell, random phase\n")
+    report(results, a.trials, a.json, a.png)
+    return 0
+
+
+def report(results: dict[str, dict[str, list[float]]], trials: int, json_path: str, png_path: str) -> None:
+    print(f"\nfault -> first gratuitous ARP from the new owner, {trials} trials per cell, random phase\n")
     print(f"{'':34} {'fault':7} {'n':>3} {'p50 ms':>8} {'p95 ms':>8} {'max ms':>8} {'min ms':>8}")
     table = []
     for name, per in results.items():
@@ -231,10 +247,9 @@ def main() -> int:
             table.append(row)
             print(f"{name:34} {fault:7} {len(ms):3d} {row['p50']:8.0f} {row['p95']:8.0f} {row['max']:8.0f} "
                   f"{row['min']:8.0f}")
-    Path(a.json).write_text(json.dumps({"trials": a.trials, "table": table, "samples_s": results}, indent=1))
-    plot(results, Path(a.png))
-    print(f"\nwrote {a.json} and {a.png}")
-    return 0
+    Path(json_path).write_text(json.dumps({"trials": trials, "table": table, "samples_s": results}, indent=1))
+    plot(results, Path(png_path))
+    print(f"\nwrote {json_path} and {png_path}")
 
 
 if __name__ == "__main__":

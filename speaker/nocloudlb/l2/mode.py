@@ -16,6 +16,12 @@
    RFC 5227 check, ``announcing``, ``conflict``), and log ``serviceAnnounced`` /
    ``serviceWithdrawn`` on every change.
 
+Heartbeats (speaker/nocloudlb/heartbeat.py): a member the daemon's heartbeats suspect comes in
+the view as ``unreachable`` (not eligible); a VIP taken from it gets handover forwarding toward it
+like a planned move, waiting at most ``SUSPECT_WAIT`` for it. When members suspect this node
+(``suspecters()``), it gives up (reason ``suspectedByPeer``) each VIP whose next node is one of
+them, and takes it back, without forwarding, once they hear it again.
+
 The RFC 5227 check is skipped for a VIP gained from a member this node saw lead it (failover,
 drain, leave); answers from members' MACs (each member publishes the MACs of the interfaces it
 announces on) are a handover, never a conflict.
