@@ -11,13 +11,16 @@ alive or suspect) at that member's gossip address, port + ``port_offset`` (every
 same offset). The packets a node sends per second are ``members / interval``, whatever the number
 of VIPs it leads. A datagram (network byte order)::
 
-    "NLH1" | flags u8 | len u8 + sender name | len u8 + recipient name | boot u64 | seq u64
-          | suspicions u32 | meta seq u32 | [meta len u16 + meta JSON]   | HMAC-SHA256[:16]
+    "NLH2" | flags u8 | len u8 + sender name | len u8 + recipient name | boot u64 | seq u64
+          | suspicions u32 | meta seq u32 | count u8 + (len u8 + name) the sender misses
+          | [meta len u16 + meta JSON]   | HMAC-SHA256[:16]
 
 - ``flags``: 1 = the sender suspects the recipient now (it stopped hearing it), 2 = meta follows.
 - ``boot``: the sender's start time in ns, ``seq``: its packet counter. A receiver accepts a packet
   from a sender only with a larger ``(boot, seq)`` than the last it accepted: replays are refused.
 - ``suspicions``: how many times the sender has suspected the recipient so far.
+- the members the sender *misses* (heard before, not within ``interval x miss``): a second opinion
+  for the recipient, like SWIM's indirect probe. A change of that list is sent at once.
 - ``meta``: after this node published new metadata (labels: a drain), the next
   ``META_REPEAT`` packets to each peer carry it whole, the first one sent at once: peers apply a
   drain within a round trip instead of a gossip round. Every packet carries ``meta seq``; a
@@ -33,9 +36,12 @@ The suspicion rule (fail closed, never two owners as far as this node can tell).
 or suspect (this node excluded), this node:
 
 1. suspects a live member P it has heard at least once since it joined when it does not hear P
-   now and either still hears another live member (so its own link works) or gossip suspects P
-   too. Alone with P (a two-node cluster) a silent P is suspected only once gossip suspects it:
-   a node cannot tell its own dead link from a dead peer without a third party.
+   now and either another live member it hears misses P too (its latest datagram says so: a
+   second path agrees, so neither this node's own link nor lost packets on one path alone make a
+   suspicion) or gossip suspects P too. Alone with P (a two-node cluster) a silent P is suspected
+   only once gossip suspects it: a node cannot tell its own dead link from a dead peer without a
+   third party. With 10 % loss each way, a false suspicion needs ``miss`` losses in a row on two
+   paths at once.
 2. is *cut off* when it has two or more live members, has heard some of them before and hears
    none now (its own link, or its own heartbeats, are down): then it counts every live member
    as suspecting it, and gives up each VIP whose next node (the leader without it) is one of them
@@ -66,7 +72,7 @@ from typing import Any
 
 from .logs import event
 
-MAGIC = b"NLH1"
+MAGIC = b"NLH2"
 F_SUSPECT_YOU = 1
 F_META = 2
 MAC_LEN = 16
@@ -101,6 +107,7 @@ class Packet:
     meta_seq: int
     suspect_you: bool = False
     meta: dict[str, str] | None = None
+    missing: tuple[str, ...] = ()
 
 
 def encode(p: Packet, key: bytes) -> bytes:
@@ -110,6 +117,10 @@ def encode(p: Packet, key: bytes) -> bytes:
     flags = (F_SUSPECT_YOU if p.suspect_you else 0) | (F_META if p.meta is not None else 0)
     body = MAGIC + bytes([flags, len(s)]) + s + bytes([len(r)]) + r
     body += _HEAD.pack(p.boot, p.seq, p.suspicions, p.meta_seq)
+    names = [n.encode() for n in p.missing[:255]]
+    if any(not 0 < len(n) < 256 for n in names):
+        raise ValueError("heartbeat: node names are 1 to 255 bytes")
+    body += bytes([len(names)]) + b"".join(bytes([len(n)]) + n for n in names)
     if p.meta is not None:
         raw = json.dumps(p.meta, separators=(",", ":"), sort_keys=True).encode()
         body += struct.pack("!H", len(raw)) + raw
@@ -138,6 +149,16 @@ def decode(data: bytes, keys: list[bytes]) -> Packet:
             raise PacketError("truncated names")
         boot, seq, suspicions, meta_seq = _HEAD.unpack_from(body, pos)
         pos += _HEAD.size
+        missing = []
+        for _dummy in range(body[pos]):
+            pos += 1
+            n = body[pos]
+            raw_name = body[pos + 1:pos + 1 + n]
+            if len(raw_name) != n or not n:
+                raise PacketError("truncated missing list")
+            missing.append(raw_name.decode())
+            pos += n
+        pos += 1
         meta = None
         if flags & F_META:
             (mlen,) = struct.unpack_from("!H", body, pos)
@@ -156,7 +177,8 @@ def decode(data: bytes, keys: list[bytes]) -> Packet:
         if isinstance(exc, PacketError):
             raise
         raise PacketError(f"malformed: {exc}") from None
-    return Packet(sender, recipient, boot, seq, suspicions, meta_seq, bool(flags & F_SUSPECT_YOU), meta)
+    return Packet(sender, recipient, boot, seq, suspicions, meta_seq, bool(flags & F_SUSPECT_YOU), meta,
+                  tuple(missing))
 
 
 def check_settings(interval: Any, miss: Any, offset: Any, dead_after: float | None = None) -> list[str]:
@@ -197,6 +219,7 @@ class _Peer:
     their_suspicions: int = 0  # times it suspected this node (last value seen)
     meta_seq: int = -1  # the sender's latest meta seq
     meta: tuple[int, dict[str, str]] | None = None  # (seq, meta) received by heartbeat
+    missing: frozenset[str] = frozenset()  # the members it misses (its latest datagram)
 
 
 @dataclass(frozen=True)
@@ -229,6 +252,7 @@ class Heartbeat:
         self._meta_seq = 0
         self._meta_left: dict[str, int] = {}  # peer -> packets that still carry the meta
         self._view = HeartbeatView()
+        self._missing: frozenset[str] = frozenset()  # members this node misses now (raw, before the rule)
         self._stop = threading.Event()
         self._kick = threading.Event()
         self._thread: threading.Thread | None = None
@@ -347,7 +371,7 @@ class Heartbeat:
                     self._meta_left[name] -= 1
                     meta = self._meta
                 pkt = Packet(self.name, name, self._boot, self._seq, p.my_suspicions, self._meta_seq,
-                             name in view.suspected, meta)
+                             name in view.suspected, meta, tuple(sorted(self._missing - {name})))
                 out.append((p.addr, pkt))
             key = self._keys[0]
         for addr, pkt in out:
@@ -398,6 +422,9 @@ class Heartbeat:
             p.suspects_me = pkt.suspect_you
             p.their_suspicions = pkt.suspicions
             changed = False
+            if frozenset(pkt.missing) != p.missing:
+                p.missing = frozenset(pkt.missing)
+                changed = True
             if pkt.meta is not None and (p.meta is None or p.meta[0] != pkt.meta_seq):
                 p.meta = (pkt.meta_seq, pkt.meta)
                 changed = True
@@ -419,11 +446,10 @@ class Heartbeat:
                     if p.heard_once and n not in heard:
                         p.heard, p.suspects_me = now, True
                         heard.add(n)
+            missing = frozenset(n for n, p in live.items() if p.heard_once and n not in heard)
             suspected = set()
-            for n, p in live.items():
-                if not p.heard_once or n in heard:
-                    continue
-                if (heard - {n}) or p.gossip_state == "suspect":
+            for n in missing:
+                if live[n].gossip_state == "suspect" or any(n in live[r].missing for r in heard):
                     suspected.add(n)
             cut_off = len(live) >= 2 and any(p.heard_once for p in live.values()) and not heard
             suspecters = set(live) if cut_off else {n for n in heard if live[n].suspects_me}
@@ -432,7 +458,14 @@ class Heartbeat:
             metas = {n: p.meta[1] for n, p in live.items() if p.meta is not None and p.meta[0] == p.meta_seq}
         view = HeartbeatView(frozenset(suspected), frozenset(suspecters), cut_off, metas)
         old = self._view
+        if missing != self._missing:
+            self._missing = missing
+            send_now = True
+        else:
+            send_now = False
         if view == old and not force:
+            if send_now:
+                self._send_all(now)
             return
         self._view = view
         if view.suspected != old.suspected or view.suspecters != old.suspecters or view.cut_off != old.cut_off:
@@ -453,3 +486,5 @@ class Heartbeat:
                       level=logging.WARNING if view.suspecters else logging.INFO)
         if view != old:
             self.on_change()
+        if send_now:  # a second opinion travels at once (peers confirm a suspicion a datagram later)
+            self._send_all(now)

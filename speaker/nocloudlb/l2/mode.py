@@ -164,6 +164,7 @@ class L2Mode:
         self.suspecters = suspecters  # members that suspect this node (heartbeat.py): it yields them their part
         self._fwd_to: dict[str, str] = {}  # ip -> the member its handover forwarding goes to
         self._yielded: set[str] = set()  # VIPs this node gave up to a member suspecting it, not yet taken back
+        self._fwd_wanted: set[str] = set()  # forwardings asked for and not lost since (under _lock)
         self.me = ""
         self._lock = threading.Lock()
         self._rows: list[VipRow] = []
@@ -257,6 +258,7 @@ class L2Mode:
         with self._lock:
             lost = [ip for ip in self._forwarding if ip not in final]
             self._forwarding.difference_update(lost)
+            self._fwd_wanted.intersection_update(final)
         # a VIP that goes back to the member its forwarding goes to keeps the forwarding until its grace
         # ends (the kernel expires it): clients reach this node until that member's gratuitous ARP
         lost = [ip for ip in lost if self._fwd_to.get(ip) is None or self._fwd_to.get(ip) != new_leader.get(ip)]
@@ -337,6 +339,8 @@ class L2Mode:
             return
         for ip in moves:
             self._waiting[ip] = now + (waits or {}).get(ip, HANDOVER_WAIT)
+        with self._lock:
+            self._fwd_wanted.update(moves)
         shortest = min((waits or {}).get(ip, HANDOVER_WAIT) for ip in moves)
         if shortest < HANDOVER_WAIT:  # a suspected takeover: decide again right at its deadline, not a tick later
             timer = threading.Timer(shortest + 0.001, self.post)
@@ -347,7 +351,9 @@ class L2Mode:
 
         def done(ips: list[str]) -> None:
             with self._lock:
-                keep = [ip for ip in ips if ip in self._waiting or ip in self._announced]
+                # still led (announced, waiting, or announced without it after a short wait: a race with
+                # the decision thread must not end a forwarding it still wants)
+                keep = [ip for ip in ips if ip in self._fwd_wanted]
                 self._forwarding.update(keep)
                 self._ready.update(wanted)
             gone = sorted(set(ips) - set(keep))
@@ -364,6 +370,7 @@ class L2Mode:
         with self._lock:
             fwd = sorted(self._forwarding)
             self._forwarding.clear()
+            self._fwd_wanted.clear()
         if self.handover is not None and fwd:
             self.handover.stop_async(fwd)
         with self._lock:

@@ -30,7 +30,7 @@ def pkt(**kw) -> Packet:
 
 def test_packet_roundtrip_with_flags_and_meta():
     key = derive_keys([K1])[0]
-    p = pkt(suspect_you=True, meta={"l": '{"a":"b"}', "v": "1"}, suspicions=3, meta_seq=9)
+    p = pkt(suspect_you=True, meta={"l": '{"a":"b"}', "v": "1"}, suspicions=3, meta_seq=9, missing=("n3", "n4"))
     assert decode(encode(p, key), [key]) == p
     q = pkt()
     assert decode(encode(q, key), [key]) == q
@@ -156,8 +156,11 @@ def trio():
 
 def test_a_silent_member_is_suspected_by_the_others_and_is_cut_off_itself(trio):
     hbs, _ports, _connect = trio
-    wait_for(lambda: all(hb.status()["peers"] and all(p["heardMsAgo"] is not None for p in hb.status()["peers"].values())
-                         for hb in hbs.values()), what="everyone heard")
+    def everyone_heard() -> bool:
+        return all(hb.status()["peers"] and all(p["heardMsAgo"] is not None for p in hb.status()["peers"].values())
+                   for hb in hbs.values())
+
+    wait_for(everyone_heard, what="everyone heard")
     assert all(not hb.view().suspected for hb in hbs.values())
     hbs["n1"]._sock.close()  # n1 neither sends nor receives any more (its thread survives the error)
     wait_for(lambda: hbs["n2"].view().suspected == {"n1"} and hbs["n3"].view().suspected == {"n1"},
@@ -171,14 +174,31 @@ def test_a_silent_member_is_suspected_by_the_others_and_is_cut_off_itself(trio):
 def test_a_member_hears_that_it_is_suspected_and_hears_the_suspicion_end(trio):
     hbs, ports, _connect = trio
     wait_for(lambda: all(len(hb.view().suspected) == 0 and hb.counters["received"] > 10 for hb in hbs.values()))
-    # n2 stops hearing n1 (n1's packets to n2 go to a dead port): n2 suspects n1, n1 learns it
-    hbs["n1"].set_peers({"n2": (("127.0.0.1", free_udp_ports(1)[0]), "alive"),
-                         "n3": (("127.0.0.1", ports["n3"]), "alive")})
-    wait_for(lambda: hbs["n2"].view().suspected == {"n1"}, what="n2 suspects n1")
-    wait_for(lambda: hbs["n1"].view().suspecters == {"n2"}, what="n1 knows n2 suspects it")
-    assert hbs["n3"].view().suspected == frozenset()  # n3 still hears n1
+    # nobody hears n1 any more (its packets go to dead ports) while n1 hears them: both suspect n1
+    # (each confirms the other's miss), n1 learns it from their packets and is not cut off
+    hbs["n1"].set_peers({m: (("127.0.0.1", free_udp_ports(1)[0]), "alive") for m in ("n2", "n3")})
+    wait_for(lambda: hbs["n2"].view().suspected == {"n1"} == hbs["n3"].view().suspected, what="n1 suspected")
+    wait_for(lambda: hbs["n1"].view().suspecters == {"n2", "n3"}, what="n1 knows they suspect it")
+    assert not hbs["n1"].view().cut_off and not hbs["n1"].view().suspected
     hbs["n1"].set_peers({m: (("127.0.0.1", ports[m]), "alive") for m in ("n2", "n3")})
     wait_for(lambda: not hbs["n2"].view().suspected and not hbs["n1"].view().suspecters, what="healed")
+
+
+def test_one_silent_path_alone_suspects_nobody(trio):
+    """n2 stops hearing n1 but n3 still hears it: no second opinion, so no suspicion (lost packets on
+    one path, or n2's own trouble, move nothing); n2 tells the others it misses n1."""
+    hbs, ports, _connect = trio
+    wait_for(lambda: all(hb.counters["received"] > 10 for hb in hbs.values()))
+    hbs["n1"].set_peers({"n2": (("127.0.0.1", free_udp_ports(1)[0]), "alive"),
+                         "n3": (("127.0.0.1", ports["n3"]), "alive")})
+    wait_for(lambda: "n1" in hbs["n3"]._peers["n2"].missing, what="n2 says it misses n1")
+    time.sleep(0.3)
+    assert hbs["n2"].view().suspected == frozenset() and hbs["n3"].view().suspected == frozenset()
+    assert hbs["n1"].view().suspecters == frozenset()
+    # once gossip suspects n1 too, n2 acts on its own miss
+    hbs["n2"].set_peers({"n1": (("127.0.0.1", ports["n1"]), "suspect"),
+                         "n3": (("127.0.0.1", ports["n3"]), "alive")})
+    wait_for(lambda: hbs["n2"].view().suspected == {"n1"}, what="suspected with gossip")
 
 
 def test_two_nodes_suspect_only_with_gossip(trio):
