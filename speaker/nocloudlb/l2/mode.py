@@ -163,6 +163,7 @@ class L2Mode:
         self.other_lo = other_lo  # VIPs other modes serve (BGP): held on lo here as well, never announced
         self.suspecters = suspecters  # members that suspect this node (heartbeat.py): it yields them their part
         self._fwd_to: dict[str, str] = {}  # ip -> the member its handover forwarding goes to
+        self._fwd_suspect: set[str] = set()  # ... when that member was only suspected (heartbeats)
         self._yielded: set[str] = set()  # VIPs this node gave up to a member suspecting it, not yet taken back
         self._fwd_wanted: set[str] = set()  # forwardings asked for and not lost since (under _lock)
         self.me = ""
@@ -259,9 +260,11 @@ class L2Mode:
             lost = [ip for ip in self._forwarding if ip not in final]
             self._forwarding.difference_update(lost)
             self._fwd_wanted.intersection_update(final)
-        # a VIP that goes back to the member its forwarding goes to keeps the forwarding until its grace
-        # ends (the kernel expires it): clients reach this node until that member's gratuitous ARP
-        lost = [ip for ip in lost if self._fwd_to.get(ip) is None or self._fwd_to.get(ip) != new_leader.get(ip)]
+        # a VIP taken from a suspected member that goes back to it keeps the forwarding until its grace
+        # ends (the kernel expires it): clients reach this node until that member's gratuitous ARP.
+        # Only then: that member takes it back without forwarding of its own (a planned move back
+        # forwards the other way, and two forwardings toward each other would bounce packets)
+        lost = [ip for ip in lost if ip not in self._fwd_suspect or self._fwd_to.get(ip) != new_leader.get(ip)]
         if lost and self.handover is not None:
             self.handover.stop_async(lost)
         for ip in [ip for ip in self._waiting if ip not in final]:
@@ -335,6 +338,10 @@ class L2Mode:
                 continue  # nothing published: announce at once, no forwarding
             moves[ip] = (_mac_text(theirs[0]), held[ip] or all_ifaces)
             self._fwd_to[ip] = node
+            if ip in (waits or {}):
+                self._fwd_suspect.add(ip)
+            else:
+                self._fwd_suspect.discard(ip)
         if not moves:
             return
         for ip in moves:
