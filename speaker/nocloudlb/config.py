@@ -241,7 +241,7 @@ def parse(data: Any, path: str = "") -> SpeakerConfig:
 
                 MembershipSettings(name or "x", bind, join, None, profile, overrides).kinship_config()
             except (ValueError, TypeError, OverflowError) as exc:
-                errors.append(f"memberlist: {exc}")
+                errors.append(str(exc) if str(exc).startswith("memberlist.") else f"memberlist: {exc}")
 
     def _str(key: str, default: str) -> str:
         value = data.get(key, default)

@@ -41,6 +41,7 @@ from nocloudlb.core.errors import ConfigError
 from . import logs, sdnotify
 from .config import ConfigHolder, SpeakerConfig, now_iso, runtime_label_problem
 from .health import CheckSpec, HealthChecker
+from .heartbeat import Heartbeat
 from .l2.mode import L2View, VipRow
 from .membership import KeyFileError, Membership, MembershipSettings, read_key_file
 from .metadata import MAX_META, MetaCodec, PeerInfo
@@ -144,6 +145,7 @@ class Speaker:
         self.keys: list[str] | None = None
         self.cfg: SpeakerConfig | None = None
         self.membership: Membership | None = None
+        self.heartbeat: Heartbeat | None = None  # heartbeat: direct heartbeats (fast suspicion, drains)
         self.health: HealthChecker | None = None
         self.control: Any = None
         self.labels: LabelStore | None = None
@@ -213,6 +215,8 @@ class Speaker:
         self.health.configure(health_specs(cfg.parsed)[0])
         if prev is not None and self.membership is not None and self.keys is not None \
                 and self.keys != self.membership.keys:
+            if self.heartbeat is not None:
+                self.heartbeat.set_keys(self.keys)
             try:
                 self.membership.set_keys(self.keys)
             except (kinship.KinshipError, ValueError, TimeoutError) as exc:
@@ -294,7 +298,8 @@ class Speaker:
 
             handover = HandoverForwarder(logging.getLogger("nocloudlb.l2"), grace=cfg.handover_grace)
         self.l2 = L2Mode(None, self._delivery, cfg.state_dir, gate=self._gate, member_macs=self.member_macs,
-                         handover=handover, post=self.post, other_lo=self._other_lo)
+                         handover=handover, post=self.post, other_lo=self._other_lo,
+                         suspecters=self._suspecters)
         self.l2.announcer = factory(cfg.node_name, logging.getLogger("nocloudlb.l2"),
                                     is_peer_mac=self.l2.is_peer_mac)
         modes.append(self.l2)
@@ -376,6 +381,30 @@ class Speaker:
         meta = self._meta()
         self.membership.start(meta)
         self._last_meta = meta
+        self._start_heartbeat(settings, meta)
+
+    def _start_heartbeat(self, settings: MembershipSettings, meta: dict[str, str]) -> None:
+        """Direct heartbeats beside gossip (heartbeat.py); without them (offset 0, the port taken) the
+        speaker runs on gossip's slower detection and says so."""
+        interval, miss, offset = settings.heartbeat()
+        if not offset:
+            return
+        host, _sep, port = settings.bind.rpartition(":")
+        hb = Heartbeat(settings.name, host.strip("[]"), int(port) + offset, self.keys, interval, miss,
+                       on_change=self.post, logger=logging.getLogger("nocloudlb.heartbeat"))
+        try:
+            hb.start()
+        except OSError as exc:
+            logs.event(log, "heartbeatFailed", f"cannot bind the heartbeat port {int(port) + offset}: {exc}; "
+                       "failure detection falls back to gossip (slower)", logging.ERROR)
+            return
+        self.heartbeat = hb
+        hb.set_meta(meta)
+
+    def _suspecters(self) -> frozenset[str]:
+        """Members that suspect this node now (heartbeat.py's rule 2 and 3): it yields them the VIPs
+        they take."""
+        return self.heartbeat.view().suspecters if self.heartbeat is not None else frozenset()
 
     def _install_signals(self) -> None:
         signal.signal(signal.SIGTERM, lambda *_: self.post("stop"))
@@ -456,6 +485,8 @@ class Speaker:
             m.withdraw_all()
         if self.membership is not None:
             self.membership.leave(timeout=1.0)
+        if self.heartbeat is not None:
+            self.heartbeat.close()
         for m in self.modes:
             m.close()
         if self.control is not None:
@@ -510,12 +541,20 @@ class Speaker:
         mine = self.published()
         views = [NodeView(me, dict(mine.labels) if mine else {}, "alive", mine.healthy if mine else frozenset())]
         peers: dict[str, PeerInfo] = {}
-        for m in self.membership.members() if self.membership else []:
+        members = self.membership.members() if self.membership else []
+        hb = self.heartbeat.view() if self.heartbeat is not None else None
+        if self.heartbeat is not None:
+            self._heartbeat_peers(members)
+        for m in members:
             if m.name == me:
                 continue
-            info = self.codec.decode(m.meta)
+            # a meta pushed by heartbeat (a drain) is what the member published, sooner than gossip
+            info = self.codec.decode(hb.metas.get(m.name) or m.meta if hb else m.meta)
             peers[m.name] = info
-            views.append(NodeView(m.name, info.labels, m.state, info.healthy))
+            state = m.state
+            if hb is not None and m.name in hb.suspected and state in ("alive", "suspect"):
+                state = "unreachable"  # heartbeats stopped: not eligible (l2/mode.py forwards toward it)
+            views.append(NodeView(m.name, info.labels, state, info.healthy))
         for name, info in peers.items():
             digest = info.config_hash
             if digest and digest != self.cfg.digest and self._peer_configs.get(name) != digest:
@@ -524,6 +563,16 @@ class Speaker:
         self._peer_configs = {n: i.config_hash for n, i in peers.items()}
         self._peers = peers
         return views
+
+    def _heartbeat_peers(self, members: list) -> None:
+        assert self.heartbeat is not None and self.cfg is not None
+        offset = self.heartbeat.port - int(self.cfg.bind.rpartition(":")[2])
+        peers = {}
+        for m in members:
+            host, _sep, port = m.addr.rpartition(":")
+            if m.name != self.cfg.node_name and m.state in ("alive", "suspect") and port.isdigit():
+                peers[m.name] = ((host.strip("[]"), int(port) + offset), m.state)
+        self.heartbeat.set_peers(peers)
 
     def _publish(self) -> None:
         assert self.membership is not None
@@ -534,6 +583,8 @@ class Speaker:
             self.membership.set_meta(meta)
             self._last_meta = meta
             self._meta_error = ""
+            if self.heartbeat is not None:
+                self.heartbeat.set_meta(meta)  # published: peers get it at once (a drain), not a gossip round later
         except kinship.MetaTooLarge:
             self._meta_error = "metadata larger than 512 bytes"
             logs.event(log, "metadataTooLarge", "labels used by node selectors do not fit in 512 bytes; "
@@ -702,6 +753,7 @@ class Speaker:
                            "keyIds": ml.key_ids() if ml else [],
                            "encrypted": bool(ml and ml.settings.keys)},
             "health": self.health.status() if self.health else {},
+            "heartbeat": self.heartbeat.status() if self.heartbeat else {},
             "arpSysctls": getattr(self._delivery, "sysctl_status", dict)(),  # edges (issue 8 defect 8)
             "time": now_iso(),
             "metricsBind": cfg.metrics_bind if cfg else "",  # firsthour: `nocloudlb status --cluster` asks members here

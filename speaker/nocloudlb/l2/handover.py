@@ -15,8 +15,9 @@ layer 2, from an nftables ``netdev`` ingress hook on the announcing interface::
                                             out of the same interface (the old owner serves it)
 
 The set ``vips4``/``vips6`` carries per-element timeouts (the kernel ends each forwarding on its
-own); the MAC map ``prev4``/``prev6`` has none, so this module always knows what it holds. A crash
-(old owner dead) never installs any: there is nobody to forward to, and a RST is the quickest answer.
+own); the MAC map ``prev4``/``prev6`` has none, so this module always knows what it holds. A takeover
+from a member only suspected by the heartbeats (heartbeat.py) installs them too, so a false suspicion
+resets nothing; one from a member gossip declared dead installs none: a RST is the quickest answer.
 Everything lives in the table ``netdev nocloudlb_handover``, replaced at start, deleted at stop.
 The ``nft`` command (package nftables) does the work; without it the speaker logs once and goes on.
 

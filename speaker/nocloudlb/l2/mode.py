@@ -16,6 +16,12 @@
    RFC 5227 check, ``announcing``, ``conflict``), and log ``serviceAnnounced`` /
    ``serviceWithdrawn`` on every change.
 
+Heartbeats (speaker/nocloudlb/heartbeat.py): a member the daemon's heartbeats suspect comes in
+the view as ``unreachable`` (not eligible); a VIP taken from it gets handover forwarding toward it
+like a planned move, waiting at most ``SUSPECT_WAIT`` for it. When members suspect this node
+(``suspecters()``), it gives up (reason ``suspectedByPeer``) each VIP whose next node is one of
+them, and takes it back, without forwarding, once they hear it again.
+
 The RFC 5227 check is skipped for a VIP gained from a member this node saw lead it (failover,
 drain, leave); answers from members' MACs (each member publishes the MACs of the interfaces it
 announces on) are a handover, never a conflict.
@@ -51,6 +57,7 @@ REANNOUNCED = Counter("nocloudlb_speaker_reannounced",
                       "Times this node re-announced the VIPs it leads after the cluster healed", ["reason"])
 
 HANDOVER_WAIT = 2.0  # seconds a planned move waits for its forwarding before it is announced anyway
+SUSPECT_WAIT = 0.05  # the same for a takeover from a member only suspected (heartbeats stopped): speed first
 
 
 @dataclass
@@ -144,7 +151,8 @@ class L2Mode:
                  gate: Callable[[], str] = lambda: "",
                  member_macs: Callable[[], dict[str, tuple[bytes, ...]]] = dict,
                  handover: Any = None, post: Callable[[], None] = lambda: None,
-                 other_lo: Callable[[], set[str]] = set) -> None:
+                 other_lo: Callable[[], set[str]] = set,
+                 suspecters: Callable[[], frozenset[str]] = frozenset) -> None:
         self.announcer = announcer
         self.delivery = delivery
         self.state_dir = state_dir
@@ -153,6 +161,11 @@ class L2Mode:
         self.handover = handover
         self.post = post
         self.other_lo = other_lo  # VIPs other modes serve (BGP): held on lo here as well, never announced
+        self.suspecters = suspecters  # members that suspect this node (heartbeat.py): it yields them their part
+        self._fwd_to: dict[str, str] = {}  # ip -> the member its handover forwarding goes to
+        self._fwd_suspect: set[str] = set()  # ... when that member was only suspected (heartbeats)
+        self._yielded: set[str] = set()  # VIPs this node gave up to a member suspecting it, not yet taken back
+        self._fwd_wanted: set[str] = set()  # forwardings asked for and not lost since (under _lock)
         self.me = ""
         self._lock = threading.Lock()
         self._rows: list[VipRow] = []
@@ -188,6 +201,9 @@ class L2Mode:
         announce: dict[str, list[str] | None] = {}
         lo: set[str] = set()
         candidates: dict[str, list[str]] = {}
+        suspecters = self.suspecters()
+        others = [n for n in nodes if n.name != me] if suspecters else []
+        handed_wait: dict[str, float] = {}
         for svc in parsed.services:
             for ip in svc.ingress_ips:
                 pool = parsed.pool_for_ip(ip)
@@ -198,6 +214,12 @@ class L2Mode:
                 leader, reason = layer2_decision(me, nodes, ads, svc, ip)
                 if reason == "":
                     candidates[ip] = layer2_candidates(nodes, ads, svc)
+                if reason == "" and suspecters:
+                    # a member that stopped hearing this node takes what it would lead without it:
+                    # yield that VIP (one owner); take it back when it hears this node again
+                    nxt = layer2_decision(me, others, ads, svc, ip)[0]
+                    if nxt in suspecters:
+                        leader, reason = nxt, "suspectedByPeer"
                 if reason == "" and gate:
                     reason = gate
                 if reason == "" and ip not in self._announced:
@@ -208,8 +230,15 @@ class L2Mode:
                     before = self._leaders.get(ip)
                     if before and before != me:
                         skip.add(ip)
-                        if states.get(before) == "alive":
+                        if ip in self._yielded:
+                            pass  # taken back after a false suspicion: its connections never left this node
+                        elif states.get(before) == "alive":
                             handed[ip] = before  # a planned move: its in-flight connections go on there
+                        elif states.get(before) == "unreachable":
+                            # only suspected (heartbeats stopped, gossip not sure): forward toward it too,
+                            # so a false suspicion resets nothing; wait less for the forwarding
+                            handed[ip] = before
+                            handed_wait[ip] = SUSPECT_WAIT
                 mine = [a for a in ads if a.selects_service(svc.labels) and a.selects_node(my_view.labels)]
                 ifaces = [] if any(not a.interfaces for a in mine) else sorted({i for a in mine for i in a.interfaces})
                 if mine:
@@ -235,9 +264,16 @@ class L2Mode:
         if len(kept) != len(self._announced):
             self.announcer.set_announced(kept)
             self._announced = kept
+        new_leader = {r.ip: r.leader for r in rows}
         with self._lock:
             lost = [ip for ip in self._forwarding if ip not in final]
             self._forwarding.difference_update(lost)
+            self._fwd_wanted.intersection_update(final)
+        # a VIP taken from a suspected member that goes back to it keeps the forwarding until its grace
+        # ends (the kernel expires it): clients reach this node until that member's gratuitous ARP.
+        # Only then: that member takes it back without forwarding of its own (a planned move back
+        # forwards the other way, and two forwardings toward each other would bounce packets)
+        lost = [ip for ip in lost if ip not in self._fwd_suspect or self._fwd_to.get(ip) != new_leader.get(ip)]
         if lost and self.handover is not None:
             self.handover.stop_async(lost)
         for ip in [ip for ip in self._waiting if ip not in final]:
@@ -266,7 +302,7 @@ class L2Mode:
         # 3. planned moves: forwarding first (in the forwarder's worker), then announce
         now = time.monotonic()
         if self.handover is not None and handed:
-            self._plan_handover({ip: n for ip, n in handed.items() if ip in held}, held, now)
+            self._plan_handover({ip: n for ip, n in handed.items() if ip in held}, held, now, handed_wait)
         for ip in list(self._waiting):
             if ip in self._ready or now >= self._waiting[ip]:
                 self._waiting.pop(ip)
@@ -275,6 +311,11 @@ class L2Mode:
         for ip in self._waiting:
             held.pop(ip, None)
         if held != self._announced:
+            if set(held) - set(self._announced) and hasattr(self.announcer, "reannounce"):
+                # gaining: re-read the interfaces first (reannounce of nothing), so a link that just came
+                # back (a cut-off node taking back, or the next node after its own link flapped) is
+                # announced on at once, not at the announcer's next periodic rescan
+                self.announcer.reannounce([])
             self.announcer.set_announced(held, skip_check=skip & set(held))
             self._announced = held
         leaders = {r.ip: r.leader for r in rows if r.leader}
@@ -283,6 +324,8 @@ class L2Mode:
                 leaders[ip] = self._leaders[ip]
         self._leaders = leaders
         self._candidates = candidates
+        self._yielded = {r.ip for r in rows if r.reason == "suspectedByPeer"} | {
+            r.ip for r in rows if r.ip in self._yielded and r.reason == "" and r.ip not in self._announced}
         seen = with_l2(rows, self.l2_view())
         self._busy = bool(self._waiting) or any(r.l2_state == "checking" and r.reason == "conflictCheck"
                                                 for r in seen)
@@ -290,7 +333,8 @@ class L2Mode:
         with self._lock:
             self._rows = rows
 
-    def _plan_handover(self, handed: dict[str, str], held: dict[str, list[str]], now: float) -> None:
+    def _plan_handover(self, handed: dict[str, str], held: dict[str, list[str]], now: float,
+                       waits: dict[str, float] | None = None) -> None:
         """Queue the forwarding of each planned move to its old owner's published MAC; the VIP waits."""
         macs = self.member_macs()
         all_ifaces = self.announcer.stats().get("interfaces", [])
@@ -302,16 +346,30 @@ class L2Mode:
             if not theirs:
                 continue  # nothing published: announce at once, no forwarding
             moves[ip] = (_mac_text(theirs[0]), held[ip] or all_ifaces)
+            self._fwd_to[ip] = node
+            if ip in (waits or {}):
+                self._fwd_suspect.add(ip)
+            else:
+                self._fwd_suspect.discard(ip)
         if not moves:
             return
         for ip in moves:
-            self._waiting[ip] = now + HANDOVER_WAIT
+            self._waiting[ip] = now + (waits or {}).get(ip, HANDOVER_WAIT)
+        with self._lock:
+            self._fwd_wanted.update(moves)
+        shortest = min((waits or {}).get(ip, HANDOVER_WAIT) for ip in moves)
+        if shortest < HANDOVER_WAIT:  # a suspected takeover: decide again right at its deadline, not a tick later
+            timer = threading.Timer(shortest + 0.001, self.post)
+            timer.daemon = True
+            timer.start()
 
         wanted = sorted(moves)
 
         def done(ips: list[str]) -> None:
             with self._lock:
-                keep = [ip for ip in ips if ip in self._waiting or ip in self._announced]
+                # still led (announced, waiting, or announced without it after a short wait: a race with
+                # the decision thread must not end a forwarding it still wants)
+                keep = [ip for ip in ips if ip in self._fwd_wanted]
                 self._forwarding.update(keep)
                 self._ready.update(wanted)
             gone = sorted(set(ips) - set(keep))
@@ -328,6 +386,7 @@ class L2Mode:
         with self._lock:
             fwd = sorted(self._forwarding)
             self._forwarding.clear()
+            self._fwd_wanted.clear()
         if self.handover is not None and fwd:
             self.handover.stop_async(fwd)
         with self._lock:

@@ -1,0 +1,252 @@
+"""Direct heartbeats (speaker/nocloudlb/heartbeat.py): packet auth and parsing, replay refusal,
+profile validation, and the suspicion rule with real UDP sockets on loopback."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+from nocloudlb.config import parse
+from nocloudlb.heartbeat import (
+    Heartbeat,
+    Packet,
+    PacketError,
+    check_settings,
+    decode,
+    derive_keys,
+    encode,
+)
+from nocloudlb.membership import PROFILES, MembershipSettings, generate_key
+
+K1, K2 = generate_key(), generate_key()
+
+
+def pkt(**kw) -> Packet:
+    base = dict(sender="n1", recipient="n2", boot=7, seq=1, suspicions=0, meta_seq=1)
+    base.update(kw)
+    return Packet(**base)
+
+
+def test_packet_roundtrip_with_flags_and_meta():
+    key = derive_keys([K1])[0]
+    p = pkt(suspect_you=True, meta={"l": '{"a":"b"}', "v": "1"}, suspicions=3, meta_seq=9, missing=("n3", "n4"))
+    assert decode(encode(p, key), [key]) == p
+    q = pkt()
+    assert decode(encode(q, key), [key]) == q
+
+
+def test_any_key_of_the_ring_verifies_and_another_key_is_refused():
+    k1, k2 = derive_keys([K1, K2])
+    data = encode(pkt(), k2)
+    assert decode(data, [k1, k2]).sender == "n1"  # rotation: the second key of the ring verifies
+    with pytest.raises(PacketError, match="HMAC"):
+        decode(data, [k1])
+    with pytest.raises(PacketError, match="HMAC"):
+        decode(encode(pkt(), derive_keys(None)[0]), [k1])  # an unkeyed sender in a keyed cluster
+
+
+@pytest.mark.parametrize("where", [0, 5, 10, 20, -1])
+def test_any_flipped_bit_is_refused(where):
+    key = derive_keys([K1])[0]
+    data = bytearray(encode(pkt(meta={"x": "y"}), key))
+    data[where] ^= 0x01
+    with pytest.raises(PacketError):
+        decode(bytes(data), [key])
+
+
+def test_garbage_and_truncation_are_refused_not_raised():
+    key = derive_keys([K1])[0]
+    good = encode(pkt(meta={"x": "y"}), key)
+    for data in (b"", b"NLH1", b"x" * 64, good[:-1], good[:20], b"NLH1" + b"\xff" * 3000):
+        with pytest.raises(PacketError):
+            decode(data, [key])
+    # a correctly signed but malformed body (trailing bytes) is refused too
+    import hashlib
+    import hmac
+
+    body = good[:-16] + b"junk"
+    with pytest.raises(PacketError, match="trailing"):
+        decode(body + hmac.new(key, body, hashlib.sha256).digest()[:16], [key])
+
+
+def test_settings_validation_names_field_and_value():
+    assert check_settings(0.025, 4, 1, 0.6) == []
+    assert "memberlist.heartbeatInterval: 0.001" in check_settings(0.001, 4, 1)[0]
+    assert "memberlist.heartbeatInterval: 'x'" in check_settings("x", 4, 1)[0]
+    assert "memberlist.heartbeatMiss: 1" in check_settings(0.1, 1, 1)[0]
+    assert "memberlist.heartbeatMiss: 2.5" in check_settings(0.1, 2.5, 1)[0]
+    assert "memberlist.heartbeatPortOffset: -1" in check_settings(0.1, 3, -1)[0]
+    err = check_settings(0.5, 4, 1, 1.5)
+    assert len(err) == 1 and "2 s must be shorter than gossip's" in err[0], err
+
+
+def test_every_profile_validates_and_overrides_are_checked():
+    for name in PROFILES:
+        s = MembershipSettings("a", "127.0.0.1:7946", profile=name)
+        s.kinship_config()
+        interval, miss, offset = s.heartbeat()
+        assert miss >= 2 and offset >= 1 and interval * miss < 1.0
+    fast = MembershipSettings("a", "127.0.0.1:7946", profile="fast").heartbeat()
+    lan = MembershipSettings("a", "127.0.0.1:7946", profile="lan").heartbeat()
+    assert fast[0] * fast[1] < lan[0] * lan[1]  # the trade-off: fast suspects sooner
+    with pytest.raises(ValueError, match="memberlist.heartbeatMiss: 1 "):
+        MembershipSettings("a", "127.0.0.1:7946", profile="fast", overrides={"heartbeat_miss": 1}).kinship_config()
+
+
+def config_doc(**ml):
+    return {"node": {"name": "n1"}, "memberlist": {"bind": "198.51.100.11:7946", "join": [], "profile": "fast",
+                                                    **ml},
+            "resources": []}
+
+
+def test_config_file_refuses_bad_heartbeat_timings_naming_the_field():
+    from nocloudlb.core.errors import ConfigError
+
+    cfg = parse(config_doc(heartbeatInterval=0.05, heartbeatMiss=3))
+    assert cfg.overrides["heartbeat_interval"] == 0.05
+    for bad, field in (({"heartbeatMiss": 1}, "memberlist.heartbeatMiss: 1 "),
+                       ({"heartbeatInterval": 0.001}, "memberlist.heartbeatInterval: 0.001"),
+                       ({"heartbeatInterval": 0.3, "heartbeatMiss": 4}, "heartbeatInterval x heartbeatMiss"),
+                       ({"heartbeatPortOffset": 5000}, "memberlist.heartbeatPortOffset: 5000")):
+        with pytest.raises(ConfigError) as info:
+            parse(config_doc(**bad))
+        assert any(e.startswith(field) or field in e for e in info.value.errors), info.value.errors
+
+
+# -- the rule, with real sockets ---------------------------------------------------------------
+
+def free_udp_ports(n: int) -> list[int]:
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def wait_for(pred, timeout=5.0, what=""):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(0.01)
+    raise AssertionError(f"timed out: {what}")
+
+
+@pytest.fixture
+def trio():
+    names = ["n1", "n2", "n3"]
+    ports = dict(zip(names, free_udp_ports(3), strict=True))
+    hbs = {n: Heartbeat(n, "127.0.0.1", ports[n], [K1], 0.02, 4) for n in names}
+    for hb in hbs.values():
+        hb.start()
+
+    def connect(exclude: set[str] = frozenset(), states: dict | None = None):
+        for n, hb in hbs.items():
+            hb.set_peers({m: (("127.0.0.1", ports[m]), (states or {}).get(m, "alive"))
+                          for m in names if m != n and m not in exclude})
+
+    connect()
+    yield hbs, ports, connect
+    for hb in hbs.values():
+        hb.close()
+
+
+def test_a_silent_member_is_suspected_by_the_others_and_is_cut_off_itself(trio):
+    hbs, _ports, _connect = trio
+    def everyone_heard() -> bool:
+        return all(hb.status()["peers"] and all(p["heardMsAgo"] is not None for p in hb.status()["peers"].values())
+                   for hb in hbs.values())
+
+    wait_for(everyone_heard, what="everyone heard")
+    assert all(not hb.view().suspected for hb in hbs.values())
+    hbs["n1"]._sock.close()  # n1 neither sends nor receives any more (its thread survives the error)
+    wait_for(lambda: hbs["n2"].view().suspected == {"n1"} and hbs["n3"].view().suspected == {"n1"},
+             what="n2 and n3 suspect n1")
+    wait_for(lambda: hbs["n1"].view().cut_off, what="n1 cut off")
+    assert hbs["n1"].view().suspecters == {"n2", "n3"}  # it yields what they take
+    assert not hbs["n1"].view().suspected  # and grabs nothing
+    assert hbs["n2"].view().suspecters == frozenset()
+
+
+def test_a_member_hears_that_it_is_suspected_and_hears_the_suspicion_end(trio):
+    hbs, ports, _connect = trio
+    wait_for(lambda: all(len(hb.view().suspected) == 0 and hb.counters["received"] > 10 for hb in hbs.values()))
+    # nobody hears n1 any more (its packets go to dead ports) while n1 hears them: both suspect n1
+    # (each confirms the other's miss), n1 learns it from their packets and is not cut off
+    hbs["n1"].set_peers({m: (("127.0.0.1", free_udp_ports(1)[0]), "alive") for m in ("n2", "n3")})
+    wait_for(lambda: hbs["n2"].view().suspected == {"n1"} == hbs["n3"].view().suspected, what="n1 suspected")
+    wait_for(lambda: hbs["n1"].view().suspecters == {"n2", "n3"}, what="n1 knows they suspect it")
+    assert not hbs["n1"].view().cut_off and not hbs["n1"].view().suspected
+    hbs["n1"].set_peers({m: (("127.0.0.1", ports[m]), "alive") for m in ("n2", "n3")})
+    wait_for(lambda: not hbs["n2"].view().suspected and not hbs["n1"].view().suspecters, what="healed")
+
+
+def test_one_silent_path_alone_suspects_nobody(trio):
+    """n2 stops hearing n1 but n3 still hears it: no second opinion, so no suspicion (lost packets on
+    one path, or n2's own trouble, move nothing); n2 tells the others it misses n1."""
+    hbs, ports, _connect = trio
+    wait_for(lambda: all(hb.counters["received"] > 10 for hb in hbs.values()))
+    hbs["n1"].set_peers({"n2": (("127.0.0.1", free_udp_ports(1)[0]), "alive"),
+                         "n3": (("127.0.0.1", ports["n3"]), "alive")})
+    wait_for(lambda: "n1" in hbs["n3"]._peers["n2"].missing, what="n2 says it misses n1")
+    time.sleep(0.3)
+    assert hbs["n2"].view().suspected == frozenset() and hbs["n3"].view().suspected == frozenset()
+    assert hbs["n1"].view().suspecters == frozenset()
+    # once gossip suspects n1 too, n2 acts on its own miss
+    hbs["n2"].set_peers({"n1": (("127.0.0.1", ports["n1"]), "suspect"),
+                         "n3": (("127.0.0.1", ports["n3"]), "alive")})
+    wait_for(lambda: hbs["n2"].view().suspected == {"n1"}, what="suspected with gossip")
+
+
+def test_two_nodes_suspect_only_with_gossip(trio):
+    hbs, ports, _connect = trio
+    hbs["n3"].close()
+    for n, other in (("n1", "n2"), ("n2", "n1")):
+        hbs[n].set_peers({other: (("127.0.0.1", ports[other]), "alive")})
+    wait_for(lambda: hbs["n1"].counters["received"] > 5)
+    hbs["n2"]._sock.close()
+    time.sleep(0.3)
+    assert hbs["n1"].view().suspected == frozenset()  # alone with n2: its own link may be the dead one
+    assert not hbs["n1"].view().cut_off
+    hbs["n1"].set_peers({"n2": (("127.0.0.1", ports["n2"]), "suspect")})  # gossip agrees
+    wait_for(lambda: hbs["n1"].view().suspected == {"n2"}, what="suspected once gossip suspects")
+
+
+def test_replayed_packets_are_refused(trio):
+    hbs, ports, _connect = trio
+    wait_for(lambda: hbs["n1"].counters["received"] > 5)
+    key = derive_keys([K1])[0]
+    hb = hbs["n1"]
+    peer = hb._peers["n2"]
+    old = encode(Packet("n2", "n1", peer.boot, peer.seq, 0, 0, suspect_you=True), key)
+    before = hb.counters["rejectedReplay"]
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.sendto(old, ("127.0.0.1", ports["n1"]))
+    wrong = encode(Packet("n2", "n1", peer.boot, peer.seq + 10**6, 0, 0), derive_keys([K2])[0])
+    s.sendto(wrong, ("127.0.0.1", ports["n1"]))
+    s.close()
+    wait_for(lambda: hb.counters["rejectedReplay"] > before and hb.counters["rejectedAuth"] >= 1)
+    assert hb.view().suspecters == frozenset()  # the replayed "I suspect you" changed nothing
+
+
+def test_meta_is_pushed_at_once_and_only_the_latest_counts(trio):
+    hbs, _ports, _connect = trio
+    wait_for(lambda: hbs["n2"].counters["received"] > 5)
+    hbs["n1"].set_meta({"l": '{"drain":""}'})
+    wait_for(lambda: hbs["n2"].view().metas.get("n1") == {"l": '{"drain":""}'}, timeout=1.0, what="meta pushed")
+    hbs["n1"].set_meta({"l": "{}"})
+    wait_for(lambda: hbs["n3"].view().metas.get("n1") == {"l": "{}"}, timeout=1.0, what="second meta")
+
+
+def test_packet_rate_is_members_over_interval(trio):
+    hbs, _ports, _connect = trio
+    hb = hbs["n1"]
+    time.sleep(0.2)
+    a = hb.counters["sent"]
+    time.sleep(1.0)
+    rate = hb.counters["sent"] - a
+    # 2 peers every 20 ms: about 100 per second; wide margins (a loaded machine sends fewer)
+    assert 30 <= rate <= 130, rate
