@@ -166,6 +166,16 @@ class Speaker:
     # -- config ---------------------------------------------------------------------------
     def _load(self) -> tuple[bool, SpeakerConfig | None]:
         ok, cfg = self.holder.reload()
+        if ok and cfg is not None and self.holder.unchanged and cfg is self.cfg:
+            # the very file in use (digest first): only the key file may have changed beside it
+            if cfg.key_file:
+                try:
+                    self.keys = read_key_file(cfg.key_file)
+                except KeyFileError as exc:
+                    with self.holder._lock:
+                        self.holder.state, self.holder.errors = "error", [str(exc)]
+                    return False, self.cfg
+            return ok, cfg
         if ok and cfg is not None:
             keys, extra = check_extra(cfg)
             if extra:
@@ -232,7 +242,14 @@ class Speaker:
 
     def _reload(self) -> dict[str, Any]:
         ok, cfg = self._load()
-        if ok and cfg is not None:
+        if ok and cfg is not None and cfg is self.cfg and self.holder.unchanged:
+            logs.event(log, "configUnchanged", "the file is the one in use; nothing to apply", digest=cfg.digest)
+            if self.membership is not None and self.keys is not None and self.keys != self.membership.keys:
+                try:
+                    self.membership.set_keys(self.keys)
+                except (kinship.KinshipError, ValueError, TimeoutError) as exc:
+                    logs.event(log, "memberlistKeysFailed", str(exc), logging.ERROR)
+        elif ok and cfg is not None:
             self._apply_config(cfg, first=False)
             self.post()
         else:
