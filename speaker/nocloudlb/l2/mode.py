@@ -40,7 +40,17 @@ from typing import Any
 
 from prometheus_client import Counter
 
-from nocloudlb.core.election import NodeView, layer2_candidates, layer2_decision
+from nocloudlb.core.election import (
+    REASON_NO_ADVERTISEMENT,
+    REASON_NO_CANDIDATES,
+    REASON_NOT_OWNER,
+    NodeView,
+    _applicable,
+    _ineligibility,
+    election_key,
+    layer2_candidates,
+    preferred_scores,
+)
 
 from .. import logs
 from ..metadata import MAX_MACS
@@ -91,7 +101,9 @@ def with_l2(rows: list[VipRow], l2: L2View) -> list[VipRow]:
     for r in rows:
         state = l2.states.get(r.ip, "")
         conflict = l2.conflicts.get(r.ip)
-        if not r.announcing or not l2.known:
+        if not state and conflict is None and r.l2_state == "" and r.conflict is None and not r.announcing:
+            out.append(r)  # nothing to overlay (most rows at size): no copy
+        elif not r.announcing or not l2.known:
             out.append(replace(r, l2_state=state, conflict=conflict))
         elif state == "announcing":
             out.append(replace(r, l2_state=state, conflict=None))
@@ -102,6 +114,128 @@ def with_l2(rows: list[VipRow], l2: L2View) -> list[VipRow]:
         else:  # not (yet) taken by the announcer
             out.append(replace(r, announcing=False, reason="l2Pending", l2_state=state))
     return out
+
+
+def seen_key(r: VipRow, l2: L2View) -> tuple[bool, str]:
+    """(announcing, reason) of ``r`` as ``with_l2`` would show it, without copying the row."""
+    if not r.announcing or not l2.known:
+        return r.announcing, r.reason
+    state = l2.states.get(r.ip, "")
+    if state == "announcing":
+        return True, r.reason
+    if r.ip in l2.conflicts or state == "conflict":
+        return False, "ipConflict"
+    return False, "conflictCheck" if state == "checking" else "l2Pending"
+
+
+def _hash_order(names: tuple[str, ...], ip: str) -> tuple[str, ...]:
+    keys = {n: election_key(n, ip) for n in names}
+    return tuple(sorted(names, key=keys.__getitem__))
+
+
+def _best(candidates: list[str], scores: dict[str, int], ip: str) -> str:
+    """The leader among ``candidates`` under preferredNodeSelectors ``scores`` (election_order's rule)."""
+    def rank(n: str) -> tuple[int, bytes]:
+        return -scores.get(n, 0), election_key(n, ip)
+    return min(candidates, key=rank)
+
+
+@dataclass
+class _Group:
+    """What the election of every VIP of one kind of service shares, in one view: the services of a
+    pool whose advertisements select them alike, under the same policy (Local: one service)."""
+
+    applicable: list[Any]
+    candidates: list[str]
+    cand_set: frozenset[str]
+    scores: dict[str, int]
+    base_reason: str  # this node's reason when another node (or nobody) leads
+    ifaces: list[str]
+    mine: bool  # an advertisement of the pool selects this service and this node (the VIP goes on lo)
+
+
+class Election:
+    """``layer2_decision`` for every VIP of a config, computed once per kind of service and view rather
+    than once per VIP, with each VIP's hash order of the known nodes kept between views (a view
+    change costs one pass over the VIPs, no hashing; a node never seen before re-sorts them once).
+    Equal to ``layer2_decision`` VIP by VIP (tests/unit/speaker/test_speaker_scale_l2.py)."""
+
+    def __init__(self) -> None:
+        self._parsed: Any = None
+        self.entries: list[tuple[str, Any, str | None, tuple]] = []  # (ip, service, pool name, ads)
+        self._known: tuple[str, ...] = ()
+        self._order: dict[str, tuple[str, ...]] = {}
+
+    def _plan(self, parsed: Any) -> None:
+        if parsed is self._parsed:
+            return
+        entries: list[tuple[str, Any, str | None, tuple]] = []
+        ads_of: dict[str, tuple] = {}
+        for svc in parsed.services:
+            for ip in svc.ingress_ips:
+                pool = parsed.pool_for_ip(ip)
+                if pool is None:
+                    entries.append((ip, svc, None, ()))
+                    continue
+                if pool.name not in ads_of:
+                    ads_of[pool.name] = tuple(parsed.l2_advertisements_for_pool(pool.name))
+                entries.append((ip, svc, pool.name, ads_of[pool.name]))
+        self.entries = entries
+        self._parsed = parsed
+        self._order = {}
+        self._known = ()
+
+    def _orders(self, names: list[str]) -> dict[str, tuple[str, ...]]:
+        if not set(names) <= set(self._known) or (self.entries and not self._order):
+            known = tuple(sorted(set(names) | set(self._known)))
+            self._order = {ip: _hash_order(known, ip) for ip, _svc, pool, _ads in self.entries if pool is not None}
+            self._known = known
+        return self._order
+
+    def decide(self, me: str, nodes: list[NodeView], parsed: Any
+               ) -> list[tuple[str, Any, str | None, str | None, str, _Group | None]]:
+        """(ip, service, pool, leader, reason, group) per VIP, reason as in ``layer2_decision``."""
+        self._plan(parsed)
+        mine = next((n for n in nodes if n.name == me), None)
+        my_labels = mine.labels if mine is not None else {}
+        order = self._orders([n.name for n in nodes])
+        groups: dict[tuple, _Group] = {}
+        out: list[tuple[str, Any, str | None, str | None, str, _Group | None]] = []
+        for ip, svc, pool, ads in self.entries:
+            if pool is None:
+                out.append((ip, svc, None, None, "notInAnyPool", None))
+                continue
+            sel = tuple(id(a) for a in ads if a.selects_service(svc.labels))
+            gkey = (pool, sel, svc.key if svc.traffic_policy == "Local" else None)
+            g = groups.get(gkey)
+            if g is None:
+                applicable = _applicable(list(ads), svc)
+                cands = layer2_candidates(nodes, applicable, svc)
+                if not applicable:
+                    base = REASON_NO_ADVERTISEMENT
+                elif mine is None:
+                    base = REASON_NOT_OWNER
+                else:
+                    base = _ineligibility(mine, applicable, svc) or REASON_NOT_OWNER
+                my_ads = [a for a in ads if a.selects_service(svc.labels) and a.selects_node(my_labels)]
+                ifaces = [] if any(not a.interfaces for a in my_ads) else sorted(
+                    {i for a in my_ads for i in a.interfaces})
+                g = groups[gkey] = _Group(applicable, cands, frozenset(cands),
+                                          preferred_scores(nodes, applicable), base, ifaces, bool(my_ads))
+            if not g.cand_set:
+                winner = None
+            elif g.scores:
+                winner = _best(g.candidates, g.scores, ip)
+            else:
+                winner = next(n for n in order[ip] if n in g.cand_set)
+            if winner == me:
+                reason = ""
+            elif winner is None and g.base_reason == REASON_NOT_OWNER:
+                reason = REASON_NO_CANDIDATES
+            else:
+                reason = g.base_reason
+            out.append((ip, svc, pool, winner, reason, g))
+        return out
 
 
 def neighbour_table(ips: set[str]) -> dict[str, str]:
@@ -166,6 +300,9 @@ class L2Mode:
         self._ready: set[str] = set()  # planned moves whose forwarding ran
         self._forwarding: set[str] = set()
         self._busy = False
+        self._election = Election()
+        self._applied: tuple | None = None  # the inputs of the last full apply (work only on change)
+        self.applies = 0  # full applies (the election run), for tests and the scale benchmark
 
     # -- Mode ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -176,49 +313,55 @@ class L2Mode:
     def apply(self, me: str, nodes: list[NodeView], parsed: Any) -> None:
         self.me = me
         gate = self.gate()
+        # work only on change: the same view, config, gate and lo set as the last full apply, nothing
+        # waiting or under check, lo in sync: only the cheap safety check runs (the ARP sysctls)
+        other = frozenset(self.other_lo())
+        key = (me, tuple((n.name, n.state, tuple(sorted(n.labels.items())), n.healthy) for n in nodes),
+               id(parsed), gate, other)
+        if key == self._applied and not self._waiting and not self._busy and self._lo_wanted is not None:
+            if hasattr(self.delivery, "verify_host"):
+                self.delivery.verify_host()
+            return
+        self._applied = None
+        self.applies += 1
         states = {n.name: n.state for n in nodes}
-        my_view = next((n for n in nodes if n.name == me), NodeView(me, {}, "dead"))
         rows: list[VipRow] = []
         skip: set[str] = set()
         handed: dict[str, str] = {}
         announce: dict[str, list[str] | None] = {}
         lo: set[str] = set()
         candidates: dict[str, list[str]] = {}
-        for svc in parsed.services:
-            for ip in svc.ingress_ips:
-                pool = parsed.pool_for_ip(ip)
-                if pool is None:
-                    rows.append(VipRow(ip, svc.key, "", None, False, "notInAnyPool", [], False))
-                    continue
-                ads = parsed.l2_advertisements_for_pool(pool.name)
-                leader, reason = layer2_decision(me, nodes, ads, svc, ip)
-                if reason == "":
-                    candidates[ip] = layer2_candidates(nodes, ads, svc)
-                if reason == "" and gate:
+        announced_before = self._announced
+        for ip, svc, pool, leader, reason, g in self._election.decide(me, nodes, parsed):
+            if g is None:
+                rows.append(VipRow(ip, svc.key, "", None, False, reason, [], False))
+                continue
+            if reason == "":
+                candidates[ip] = g.candidates
+                if gate:
                     reason = gate
-                if reason == "" and ip not in self._announced:
-                    # gained from a member we saw lead it (failover, drain, leave): skip the RFC 5227
-                    # check, it would only cost failover time. Otherwise (first start, a new VIP, a
-                    # restart that preempts) check: answers from members' MACs are a handover and
-                    # ignored (is_peer_mac), any other MAC is a conflict and never fought.
-                    before = self._leaders.get(ip)
-                    if before and before != me:
-                        skip.add(ip)
-                        if states.get(before) == "alive":
-                            handed[ip] = before  # a planned move: its in-flight connections go on there
-                mine = [a for a in ads if a.selects_service(svc.labels) and a.selects_node(my_view.labels)]
-                ifaces = [] if any(not a.interfaces for a in mine) else sorted({i for a in mine for i in a.interfaces})
-                if mine:
-                    lo.add(ip)
-                if reason == "":
-                    prev = announce.get(ip)
-                    if prev is None:
-                        announce[ip] = ifaces
-                    elif prev and ifaces:
-                        announce[ip] = sorted(set(prev) | set(ifaces))
-                    else:
-                        announce[ip] = []
-                rows.append(VipRow(ip, svc.key, pool.name, leader, reason == "", reason, ifaces, bool(mine)))
+            if reason == "" and ip not in announced_before:
+                # gained from a member we saw lead it (failover, drain, leave): skip the RFC 5227
+                # check, it would only cost failover time. Otherwise (first start, a new VIP, a
+                # restart that preempts) check: answers from members' MACs are a handover and
+                # ignored (is_peer_mac), any other MAC is a conflict and never fought.
+                before = self._leaders.get(ip)
+                if before and before != me:
+                    skip.add(ip)
+                    if states.get(before) == "alive":
+                        handed[ip] = before  # a planned move: its in-flight connections go on there
+            ifaces = g.ifaces
+            if g.mine:
+                lo.add(ip)
+            if reason == "":
+                prev = announce.get(ip)
+                if prev is None:
+                    announce[ip] = ifaces
+                elif prev and ifaces:
+                    announce[ip] = sorted(set(prev) | set(ifaces))
+                else:
+                    announce[ip] = []
+            rows.append(VipRow(ip, svc.key, pool or "", leader, reason == "", reason, ifaces, g.mine))
         final = {ip: v or [] for ip, v in announce.items()}
 
         # 1. withdraw first: stop answering for what this node no longer leads, before anything slow
@@ -239,7 +382,7 @@ class L2Mode:
         # that keep the kernel from answering for them are checked (and re-set) every time
         if hasattr(self.delivery, "verify_host"):
             self.delivery.verify_host()
-        lo |= self.other_lo()
+        lo |= other
         if lo != self._lo_wanted or not lo <= self._lo:
             try:
                 self.delivery.sync_lo_vips(lo, state_file=os.path.join(self.state_dir, "lo-vips.json"))
@@ -274,12 +417,13 @@ class L2Mode:
                 leaders[ip] = self._leaders[ip]
         self._leaders = leaders
         self._candidates = candidates
-        seen = with_l2(rows, self.l2_view())
-        self._busy = bool(self._waiting) or any(r.l2_state == "checking" and r.reason == "conflictCheck"
-                                                for r in seen)
-        self._log_changes(seen, me)
+        l2 = self.l2_view()
+        seen = [(r, seen_key(r, l2)) for r in rows]
+        self._busy = bool(self._waiting) or any(k == (False, "conflictCheck") for _r, k in seen)
+        self._log_seen(seen, me)
         with self._lock:
             self._rows = rows
+        self._applied = (key[0], key[1], key[2], key[3], key[4]) if self._lo_wanted is not None else None
 
     def _plan_handover(self, handed: dict[str, str], held: dict[str, list[str]], now: float) -> None:
         """Queue the forwarding of each planned move to its old owner's published MAC; the VIP waits."""
@@ -313,6 +457,7 @@ class L2Mode:
         self.handover.forward_async(moves, done)
 
     def withdraw_all(self) -> None:
+        self._applied = None  # the next apply runs in full
         self.announcer.set_announced({})
         self._announced = {}
         self._waiting.clear()
@@ -417,22 +562,25 @@ class L2Mode:
         return with_l2(rows, l2), l2
 
     def _log_changes(self, rows: list[VipRow], me: str, reason: str = "") -> None:
+        self._log_seen([(r, (r.announcing, r.reason)) for r in rows], me, reason)
+
+    def _log_seen(self, rows: list[tuple[VipRow, tuple[bool, str]]], me: str, reason: str = "") -> None:
         seen: dict[tuple[str, str], tuple[bool, str]] = {}
-        for r in rows:
+        prev = self._prev
+        for r, now in rows:
             key = (r.service, r.ip)
-            now = (r.announcing, r.reason)
             seen[key] = now
-            before = self._prev.get(key)
+            before = prev.get(key)
             if before == now:
                 continue
-            if r.announcing:
+            if now[0]:
                 logs.event(log, "serviceAnnounced", service=r.service, ip=r.ip, node=me, pool=r.pool,
                            protocol="layer2", interfaces=r.interfaces or "all eligible")
-            elif before is None or before[0] or before[1] != r.reason:
+            elif before is None or before[0] or before[1] != now[1]:
                 withdrawn = bool(before and before[0])
                 logs.event(log, "serviceWithdrawn" if withdrawn else "serviceNotAnnounced",
                            level=logging.INFO if withdrawn else logging.DEBUG,
-                           service=r.service, ip=r.ip, reason=r.reason, leader=r.leader, node=me)
+                           service=r.service, ip=r.ip, reason=now[1], leader=r.leader, node=me)
         for key, was in self._prev.items():
             if key not in seen and was[0]:
                 logs.event(log, "serviceWithdrawn", service=key[0], ip=key[1], reason=reason or "serviceDeleted",
