@@ -162,24 +162,28 @@ class Election:
 
     def __init__(self) -> None:
         self._parsed: Any = None
-        self.entries: list[tuple[str, Any, str | None, tuple]] = []  # (ip, service, pool name, ads)
+        # (ip, service, pool, ads, (pool, advertisements selecting the service, Local service key, service key))
+        self.entries: list[tuple[str, Any, str | None, tuple, tuple]] = []
         self._known: tuple[str, ...] = ()
         self._order: dict[str, tuple[str, ...]] = {}
 
     def _plan(self, parsed: Any) -> None:
         if parsed is self._parsed:
             return
-        entries: list[tuple[str, Any, str | None, tuple]] = []
+        entries: list[tuple[str, Any, str | None, tuple, tuple]] = []
         ads_of: dict[str, tuple] = {}
         for svc in parsed.services:
+            local = svc.key if svc.traffic_policy == "Local" else None
             for ip in svc.ingress_ips:
                 pool = parsed.pool_for_ip(ip)
                 if pool is None:
-                    entries.append((ip, svc, None, ()))
+                    entries.append((ip, svc, None, (), ()))
                     continue
                 if pool.name not in ads_of:
                     ads_of[pool.name] = tuple(parsed.l2_advertisements_for_pool(pool.name))
-                entries.append((ip, svc, pool.name, ads_of[pool.name]))
+                ads = ads_of[pool.name]
+                sel = tuple(id(a) for a in ads if a.selects_service(svc.labels))
+                entries.append((ip, svc, pool.name, ads, (pool.name, sel, local, svc.key)))
         self.entries = entries
         self._parsed = parsed
         self._order = {}
@@ -188,26 +192,24 @@ class Election:
     def _orders(self, names: list[str]) -> dict[str, tuple[str, ...]]:
         if not set(names) <= set(self._known) or (self.entries and not self._order):
             known = tuple(sorted(set(names) | set(self._known)))
-            self._order = {ip: _hash_order(known, ip) for ip, _svc, pool, _ads in self.entries if pool is not None}
+            self._order = {e[0]: _hash_order(known, e[0]) for e in self.entries if e[2] is not None}
             self._known = known
         return self._order
 
     def decide(self, me: str, nodes: list[NodeView], parsed: Any
-               ) -> list[tuple[str, Any, str | None, str | None, str, _Group | None]]:
-        """(ip, service, pool, leader, reason, group) per VIP, reason as in ``layer2_decision``."""
+               ) -> list[tuple[str, str, str | None, str | None, str, _Group | None]]:
+        """(ip, service key, pool, leader, reason, group) per VIP, reason as in ``layer2_decision``."""
         self._plan(parsed)
         mine = next((n for n in nodes if n.name == me), None)
         my_labels = mine.labels if mine is not None else {}
         order = self._orders([n.name for n in nodes])
         groups: dict[tuple, _Group] = {}
-        out: list[tuple[str, Any, str | None, str | None, str, _Group | None]] = []
-        for ip, svc, pool, ads in self.entries:
+        out: list[tuple[str, str, str | None, str | None, str, _Group | None]] = []
+        for ip, svc, pool, ads, gkey in self.entries:
             if pool is None:
-                out.append((ip, svc, None, None, "notInAnyPool", None))
+                out.append((ip, svc.key, None, None, "notInAnyPool", None))
                 continue
-            sel = tuple(id(a) for a in ads if a.selects_service(svc.labels))
-            gkey = (pool, sel, svc.key if svc.traffic_policy == "Local" else None)
-            g = groups.get(gkey)
+            g = groups.get(gkey[:3])
             if g is None:
                 applicable = _applicable(list(ads), svc)
                 cands = layer2_candidates(nodes, applicable, svc)
@@ -220,7 +222,7 @@ class Election:
                 my_ads = [a for a in ads if a.selects_service(svc.labels) and a.selects_node(my_labels)]
                 ifaces = [] if any(not a.interfaces for a in my_ads) else sorted(
                     {i for a in my_ads for i in a.interfaces})
-                g = groups[gkey] = _Group(applicable, cands, frozenset(cands),
+                g = groups[gkey[:3]] = _Group(applicable, cands, frozenset(cands),
                                           preferred_scores(nodes, applicable), base, ifaces, bool(my_ads))
             if not g.cand_set:
                 winner = None
@@ -234,7 +236,7 @@ class Election:
                 reason = REASON_NO_CANDIDATES
             else:
                 reason = g.base_reason
-            out.append((ip, svc, pool, winner, reason, g))
+            out.append((ip, gkey[3], pool, winner, reason, g))
         return out
 
 
@@ -302,7 +304,9 @@ class L2Mode:
         self._busy = False
         self._election = Election()
         self._applied: tuple | None = None  # the inputs of the last full apply (work only on change)
+        self._row_of: dict[tuple[str, str], tuple[tuple, VipRow]] = {}  # (service, ip) -> (decision, row)
         self.applies = 0  # full applies (the election run), for tests and the scale benchmark
+        self.last_apply_ms = 0.0  # how long the last one took
 
     # -- Mode ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -324,6 +328,7 @@ class L2Mode:
             return
         self._applied = None
         self.applies += 1
+        started = time.monotonic()
         states = {n.name: n.state for n in nodes}
         rows: list[VipRow] = []
         skip: set[str] = set()
@@ -332,9 +337,12 @@ class L2Mode:
         lo: set[str] = set()
         candidates: dict[str, list[str]] = {}
         announced_before = self._announced
-        for ip, svc, pool, leader, reason, g in self._election.decide(me, nodes, parsed):
+        old_rows = self._row_of
+        row_of: dict[tuple[str, str], tuple[tuple, VipRow]] = {}
+        changed: list[VipRow] = []  # rows new or different from the last apply's
+        for ip, skey, pool, leader, reason, g in self._election.decide(me, nodes, parsed):
             if g is None:
-                rows.append(VipRow(ip, svc.key, "", None, False, reason, [], False))
+                rows.append(VipRow(ip, skey, "", None, False, reason, [], False))
                 continue
             if reason == "":
                 candidates[ip] = g.candidates
@@ -361,7 +369,15 @@ class L2Mode:
                     announce[ip] = sorted(set(prev) | set(ifaces))
                 else:
                     announce[ip] = []
-            rows.append(VipRow(ip, svc.key, pool or "", leader, reason == "", reason, ifaces, g.mine))
+            decided = (leader, reason, ifaces, g.mine, pool)
+            old = old_rows.get((skey, ip))
+            if old is not None and old[0] == decided:
+                row = old[1]
+            else:
+                row = VipRow(ip, skey, pool or "", leader, reason == "", reason, ifaces, g.mine)
+                changed.append(row)
+            row_of[(skey, ip)] = (decided, row)
+            rows.append(row)
         final = {ip: v or [] for ip, v in announce.items()}
 
         # 1. withdraw first: stop answering for what this node no longer leads, before anything slow
@@ -396,6 +412,8 @@ class L2Mode:
         for r in rows:
             if r.announcing and r.ip not in self._lo:
                 r.announcing, r.reason = False, "notOnLo"
+                row_of.pop((r.service, r.ip), None)  # decided again next time (rows are reused only unchanged)
+                changed.append(r)
 
         # 3. planned moves: forwarding first (in the forwarder's worker), then announce
         now = time.monotonic()
@@ -417,12 +435,18 @@ class L2Mode:
                 leaders[ip] = self._leaders[ip]
         self._leaders = leaders
         self._candidates = candidates
+        # log what changed: rows decided differently, and the rows this node wins (the L2 layer's
+        # state shows in them); the others are as they were logged before
         l2 = self.l2_view()
-        seen = [(r, seen_key(r, l2)) for r in rows]
+        watch = {id(r): r for r in changed}
+        watch.update((id(r), r) for r in rows if r.announcing)
+        seen = [(r, seen_key(r, l2)) for r in watch.values()]
         self._busy = bool(self._waiting) or any(k == (False, "conflictCheck") for _r, k in seen)
-        self._log_seen(seen, me)
+        self._log_seen(seen, me, present={(r.service, r.ip) for r in rows})
+        self._row_of = row_of
         with self._lock:
             self._rows = rows
+        self.last_apply_ms = round((time.monotonic() - started) * 1000, 1)
         self._applied = (key[0], key[1], key[2], key[3], key[4]) if self._lo_wanted is not None else None
 
     def _plan_handover(self, handed: dict[str, str], held: dict[str, list[str]], now: float) -> None:
@@ -477,7 +501,8 @@ class L2Mode:
             fwd = sorted(self._forwarding)
         return {"vips": [r.view() for r in rows],
                 "conflicts": sorted(l2.conflicts.values(), key=lambda c: c["ip"]),
-                "announced": sorted(self._announced), "forwarding": fwd}
+                "announced": sorted(self._announced), "forwarding": fwd,
+                "applies": self.applies, "lastApplyMs": self.last_apply_ms}
 
     def close(self) -> None:
         try:
@@ -564,9 +589,13 @@ class L2Mode:
     def _log_changes(self, rows: list[VipRow], me: str, reason: str = "") -> None:
         self._log_seen([(r, (r.announcing, r.reason)) for r in rows], me, reason)
 
-    def _log_seen(self, rows: list[tuple[VipRow, tuple[bool, str]]], me: str, reason: str = "") -> None:
-        seen: dict[tuple[str, str], tuple[bool, str]] = {}
+    def _log_seen(self, rows: list[tuple[VipRow, tuple[bool, str]]], me: str, reason: str = "",
+                  present: set[tuple[str, str]] | None = None) -> None:
+        """Log each row whose (announcing, reason) differs from the last logged. ``rows`` are all rows,
+        or (``present`` given: the keys of all rows) only those that may have changed."""
         prev = self._prev
+        seen: dict[tuple[str, str], tuple[bool, str]] = {} if present is None else \
+            {k: v for k, v in prev.items() if k in present}
         for r, now in rows:
             key = (r.service, r.ip)
             seen[key] = now
@@ -581,7 +610,7 @@ class L2Mode:
                 logs.event(log, "serviceWithdrawn" if withdrawn else "serviceNotAnnounced",
                            level=logging.INFO if withdrawn else logging.DEBUG,
                            service=r.service, ip=r.ip, reason=now[1], leader=r.leader, node=me)
-        for key, was in self._prev.items():
+        for key, was in prev.items():
             if key not in seen and was[0]:
                 logs.event(log, "serviceWithdrawn", service=key[0], ip=key[1], reason=reason or "serviceDeleted",
                            node=me)

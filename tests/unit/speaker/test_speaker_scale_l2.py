@@ -68,7 +68,8 @@ def test_grouped_election_equals_layer2_decision():
         for _view in range(4):  # the same Election across views: its cached hash orders stay right
             nodes = random_view(rng, keys)
             me = rng.choice(NODES)
-            for ip, svc, pool, leader, reason, _g in election.decide(me, nodes, parsed):
+            for ip, skey, pool, leader, reason, _g in election.decide(me, nodes, parsed):
+                svc = parsed.service(skey)
                 if pool is None:
                     assert reason == "notInAnyPool" and parsed.pool_for_ip(ip) is None
                     continue
