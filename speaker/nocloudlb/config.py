@@ -8,6 +8,7 @@ Shape (YAML), see docs/speaker.md::
     socket: /run/nocloudlb/speaker.sock
     metrics: {bind: "auto:7472"}         # auto = memberlist.bind's address; "" disables
     handover: {grace: 30}                # seconds in-flight connections follow a planned move; 0 = off
+    announce: {rate: 5000, burst: 200}   # gratuitous ARP/NA frames per second and interface, and burst
     logLevel: info
     resources: [ ...MetalLB documents... ]
 
@@ -46,7 +47,11 @@ MAX_DEPTH = 64  # nested sequences/mappings
 MAX_ERRORS = 40  # errors reported; the rest are counted
 MAX_ERROR_LEN = 300  # characters per error
 MAX_ERROR_CHARS = MAX_ERRORS * (MAX_ERROR_LEN + 1) + 100  # the whole refusal, joined by newlines
-TOP_KEYS = {"node", "memberlist", "stateDir", "socket", "metrics", "handover", "logLevel", "resources"}
+TOP_KEYS = {"node", "memberlist", "stateDir", "socket", "metrics", "handover", "logLevel", "resources", "announce"}
+# Pacing of gratuitous ARP/NA (and probes) per interface: a takeover of 5,000 IPv4 VIPs is 10,000 frames,
+# 2 s at the default rate; answers to requests are never paced.
+DEFAULT_ANNOUNCE_RATE = 5000.0
+DEFAULT_ANNOUNCE_BURST = 200
 
 
 def now_iso() -> str:
@@ -73,6 +78,8 @@ class SpeakerConfig:
     loaded_at: str = field(default_factory=now_iso)
     handover_grace: float = DEFAULT_HANDOVER_GRACE  # 0 turns it off
     file_digest: str = ""  # sha256 of the file's bytes: a reload of an unchanged file is recognised first
+    announce_rate: float = DEFAULT_ANNOUNCE_RATE  # gratuitous frames per second and interface
+    announce_burst: int = DEFAULT_ANNOUNCE_BURST
 
 
 def _printable(text: str) -> str:
@@ -259,6 +266,24 @@ def parse(data: Any, path: str = "") -> SpeakerConfig:
         else:
             handover_grace = float(grace)
 
+    announce = data.get("announce")
+    announce = {} if announce is None else announce
+    announce_rate, announce_burst = DEFAULT_ANNOUNCE_RATE, DEFAULT_ANNOUNCE_BURST
+    if not isinstance(announce, dict) or set(announce) - {"rate", "burst"}:
+        errors.append(f"announce: must be a mapping like {{rate: 5000, burst: 200}}, got {_short(announce)}")
+    else:
+        rate = announce.get("rate", DEFAULT_ANNOUNCE_RATE)
+        burst = announce.get("burst", DEFAULT_ANNOUNCE_BURST)
+        if isinstance(rate, bool) or not isinstance(rate, int | float) or not math.isfinite(rate) \
+                or not 10 <= rate <= 1_000_000:
+            errors.append(f"announce.rate: {_short(rate)} must be a number of frames per second from 10 to 1000000")
+        else:
+            announce_rate = float(rate)
+        if isinstance(burst, bool) or not isinstance(burst, int) or not 1 <= burst <= 100_000:
+            errors.append(f"announce.burst: {_short(burst)} must be a whole number of frames from 1 to 100000")
+        else:
+            announce_burst = burst
+
     resources = data.get("resources") or []
     parsed = None
     if not isinstance(resources, list):
@@ -275,7 +300,7 @@ def parse(data: Any, path: str = "") -> SpeakerConfig:
         node_name=name, node_labels=labels, bind=bind, join=join, key_file=key_file, profile=profile,
         overrides=overrides, state_dir=state_dir, socket=sock, metrics_bind=metrics_bind,
         log_level=log_level.lower(), resources=resources, parsed=parsed, digest=resources_digest(resources),
-        path=path, handover_grace=handover_grace,
+        path=path, handover_grace=handover_grace, announce_rate=announce_rate, announce_burst=announce_burst,
     )
 
 

@@ -49,7 +49,7 @@ log = logging.getLogger("nocloudlb.speaker")
 
 #: Settings read once at start: a reload keeps the running values and says a restart is needed.
 RESTART_FIELDS = ("node_name", "bind", "join", "profile", "overrides", "socket", "metrics_bind", "state_dir",
-                  "handover_grace")
+                  "handover_grace", "announce_rate", "announce_burst")
 
 EXIT_MEMBERSHIP_CLOSED = 3
 
@@ -301,7 +301,8 @@ class Speaker:
         self.l2 = L2Mode(None, self._delivery, cfg.state_dir, gate=self._gate, member_macs=self.member_macs,
                          handover=handover, post=self.post, other_lo=self._other_lo)
         self.l2.announcer = factory(cfg.node_name, logging.getLogger("nocloudlb.l2"),
-                                    is_peer_mac=self.l2.is_peer_mac)
+                                    is_peer_mac=self.l2.is_peer_mac, rate=cfg.announce_rate,
+                                    burst=cfg.announce_burst)
         modes.append(self.l2)
         return modes
 

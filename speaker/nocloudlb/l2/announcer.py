@@ -7,7 +7,10 @@ BPF filter from bpf.py), a timer heap and per-interface transmit queues:
   once (never paced); answers from other MACs for an address under check are conflicts.
 - timers: the conflict check (probes, then a decision) and the gratuitous ARP/NA rounds.
 - transmit: probes and gratuitous frames go through a per-interface token bucket, so a
-  takeover of thousands of VIPs is spread out instead of burst onto the segment.
+  takeover of thousands of VIPs is spread out instead of burst onto the segment. Two queues
+  share the bucket: the first round of a VIP just gained (a takeover) and the multicast joins
+  that let it be answered go first (``urgent``); later rounds, re-announcements and probes wait
+  behind them, so a re-announcement backlog never delays a takeover.
 
 Lifecycle of an address given to ``set_announced``::
 
@@ -77,6 +80,7 @@ class _Iface:
     answer: set[bytes] = field(default_factory=set)  # packed IPs answered on this interface
     groups: Counter = field(default_factory=Counter)  # solicited-node group -> number of VIPs
     queue: deque = field(default_factory=deque)  # (ip, gen, frame, kind, series); "mcast": frame is a group
+    urgent: deque = field(default_factory=deque)  # the same, sent before ``queue``: takeovers' first round, joins
     dropped: int = 0  # gratuitous frames dropped: superseded, or the queue was full
     tokens: float = 0.0
     refilled: float = 0.0
@@ -111,8 +115,8 @@ class L2Announcer:
         check_wait: float = 0.2,
         garp_rounds: int = 5,
         garp_interval: float = 1.1,
-        rate: float = 2000.0,
-        burst: int = 100,
+        rate: float = 5000.0,
+        burst: int = 200,
         rescan_interval: float = 5.0,
         conflict_retry: float = 30.0,
         max_queue: int = 65536,
@@ -202,14 +206,16 @@ class L2Announcer:
         Raises ValueError naming the first invalid address or interface list.
         """
         wanted: dict[str, tuple[str, ...]] = {}
+        known = self._vips  # its keys are canonical already: not parsed again (10,000 VIPs)
         for ip, ifs in vips.items():
-            try:
-                addr = ipaddress.ip_address(ip)
-            except ValueError:
-                raise ValueError(f"set_announced: {ip!r} is not an IP address") from None
+            if ip not in known:
+                try:
+                    ip = str(ipaddress.ip_address(ip))
+                except ValueError:
+                    raise ValueError(f"set_announced: {ip!r} is not an IP address") from None
             if isinstance(ifs, str) or not all(isinstance(i, str) and i for i in ifs):
                 raise ValueError(f"set_announced: interfaces of {ip} must be a list of names, got {ifs!r}")
-            wanted[str(addr)] = tuple(sorted(set(ifs)))
+            wanted[ip] = tuple(sorted(set(ifs))) if ifs else ()
         skip = set(canonical_ips(skip_check, "set_announced: skip_check entry"))
         with self._lock:
             named = {n for ifs in wanted.values() for n in ifs}
@@ -227,7 +233,7 @@ class L2Announcer:
                     self._vips[ip] = vip
                     vip.ifaces = set(self._resolve(vip))
                     if ip in skip or self.check_probes == 0:
-                        self._announce(vip, now)
+                        self._announce(vip, now, urgent=True)
                     else:
                         self._begin_check(vip, now)
                 elif vip.wanted != want_ifs:
@@ -279,7 +285,8 @@ class L2Announcer:
                 "responses_sent": dict(self._counts["responses_sent"]),
                 "gratuitous_sent": dict(self._counts["gratuitous_sent"]),
                 "reannounced": dict(self._counts["reannounced"]),
-                "queued": {n: len(i.queue) for n, i in self._ifaces.items()},
+                "queued": {n: len(i.queue) + len(i.urgent) for n, i in self._ifaces.items()},
+                "queued_urgent": {n: len(i.urgent) for n, i in self._ifaces.items()},
                 "frames_sent": {n: dict(i.sent) for n, i in self._ifaces.items()},
                 "frames_dropped": {n: i.dropped for n, i in self._ifaces.items()},
                 "macs": {n: arp.mac_str(i.mac) for n, i in self._ifaces.items()},
@@ -301,20 +308,23 @@ class L2Announcer:
         self._checking[vip.packed] = vip
         self._schedule(now, "probe", vip, (0,))
 
-    def _announce(self, vip: _Vip, now: float) -> None:
+    def _announce(self, vip: _Vip, now: float, urgent: bool = False) -> None:
+        """Start answering and announcing ``vip``; ``urgent``: it was taken over (its first round goes
+        before any queued re-announcement)."""
         vip.state = "announcing"
         self._checking.pop(vip.packed, None)
         if self._conflicts.pop(vip.ip, None) is not None:
             self.log.info("ipConflictCleared", extra={"event": "ipConflictCleared", "ip": vip.ip})
         for name in vip.ifaces:
             self._start_answering(vip, name)
-        self._start_series(vip, now)
+        self._start_series(vip, now, urgent)
 
-    def _start_series(self, vip: _Vip, now: float) -> None:
+    def _start_series(self, vip: _Vip, now: float, urgent: bool = False) -> None:
         """A new gratuitous schedule on every interface of ``vip``; the rounds still due of any earlier one
-        are dropped, and so are its frames still queued (they would only repeat the new schedule's)."""
+        are dropped, and so are its frames still queued (they would only repeat the new schedule's).
+        ``urgent``: its first round goes in the urgent queue."""
         vip.series += 1
-        self._schedule(now, "garp", vip, (0, tuple(sorted(vip.ifaces)), vip.series))
+        self._schedule(now, "garp", vip, (0, tuple(sorted(vip.ifaces)), vip.series, urgent))
 
     def _start_answering(self, vip: _Vip, name: str) -> None:
         iface = self._ifaces.get(name)
@@ -368,7 +378,7 @@ class L2Announcer:
     def _join(self, iface: _Iface, group: bytes) -> None:
         iface.groups[group] += 1
         if iface.groups[group] == 1:
-            iface.queue.append(("", 0, group, "mcast", 0))
+            iface.urgent.append(("", 0, group, "mcast", 0))  # answering NS needs it: before re-announcements
 
     def _leave(self, iface: _Iface, group: bytes) -> None:
         if iface.groups[group] <= 0:
@@ -376,7 +386,7 @@ class L2Announcer:
         iface.groups[group] -= 1
         if iface.groups[group] == 0:
             del iface.groups[group]
-            iface.queue.append(("", 0, group, "mcast", 0))
+            iface.urgent.append(("", 0, group, "mcast", 0))  # the same queue as joins: their order is kept
 
     def _reconcile_group(self, iface: _Iface, group: bytes) -> bool:
         """Make the kernel membership of ``group`` match the wanted count; True if it changed."""
@@ -423,6 +433,7 @@ class L2Announcer:
         except Exception as exc:  # noqa: BLE001 - netlink hiccup: keep the current view
             self.log.warning("interfaceScanFailed", extra={"event": "interfaceScanFailed", "error": str(exc)})
             return
+        before = (self._info, self._eligible, {n: (i.index, i.mac) for n, i in self._ifaces.items()})
         self._info = info
         # edges (issue 8 defect 3): announceable = up and not a bridge port/bond slave/tap/NOARP
         self._eligible = sorted(n for n, i in info.items() if i.announceable and not EXCLUDED.match(n))
@@ -436,6 +447,9 @@ class L2Announcer:
                 self._close_iface(name)
         for name in sorted(needed - set(self._ifaces)):
             self._open_iface(info[name])
+        self._next_rescan = time.monotonic() + self.rescan_interval
+        if before == (info, self._eligible, {n: (i.index, i.mac) for n, i in self._ifaces.items()}):
+            return  # nothing changed: no pass over every VIP (a cost at 10,000 VIPs every rescan_interval)
         now = time.monotonic()
         for vip in self._vips.values():
             self._apply_ifaces(vip, set(self._resolve(vip)), now)
@@ -468,6 +482,7 @@ class L2Announcer:
                 pass
         iface.answer.clear()
         now = time.monotonic()
+        iface.urgent.clear()  # joins and takeover frames: the socket that would send them is gone
         for ip, gen, _frame, kind, _series in iface.queue:  # probes that will never leave: do not stall the check
             if kind == "mcast":
                 continue
@@ -505,7 +520,7 @@ class L2Announcer:
             if self._heap:
                 timeout = min(timeout, max(0.0, self._heap[0][0] - now))
             for iface in self._ifaces.values():
-                if iface.queue:
+                if iface.queue or iface.urgent:
                     timeout = min(timeout, max(0.0, (1.0 - iface.tokens) / self.rate))
             sel = self._sel
         if sel is None:
@@ -630,7 +645,8 @@ class L2Announcer:
             elif action == "recheck" and vip.state == "conflict":
                 self._begin_check(vip, now)
             elif action == "garp" and vip.state == "announcing":
-                rnd, names, series = arg
+                rnd, names, series = arg[:3]
+                urgent = rnd == 0 and len(arg) > 3 and arg[3]
                 if series != vip.series:
                     continue  # replaced by a newer schedule (reannounce)
                 for name in names:
@@ -639,12 +655,14 @@ class L2Announcer:
                         continue
                     frames = (arp.gratuitous(iface.mac, vip.packed) if vip.version == 4
                               else [ndp.unsolicited_na(iface.mac, vip.packed)])
-                    if len(iface.queue) + len(frames) > self.max_queue:
-                        # bounded: a round that does not fit is dropped (the next round comes anyway)
+                    if not urgent and len(iface.queue) + len(frames) > self.max_queue:
+                        # bounded: a round that does not fit is dropped (the next round comes anyway);
+                        # a takeover's first round is never dropped (its queue holds one round per VIP)
                         iface.dropped += len(frames)
                         continue
+                    target = iface.urgent if urgent else iface.queue
                     for frame in frames:
-                        iface.queue.append((ip, gen, frame, "gratuitous", series))
+                        target.append((ip, gen, frame, "gratuitous", series))
                 if rnd + 1 < self.garp_rounds:
                     self._schedule(now + self.garp_interval, "garp", vip, (rnd + 1, names, series))
 
@@ -672,8 +690,8 @@ class L2Announcer:
             iface.tokens = min(float(self.burst), iface.tokens + (now - iface.refilled) * self.rate)
             iface.refilled = now
             budget = 512  # frames per loop pass, so receiving is never starved
-            while iface.queue and iface.tokens >= 1.0 and budget > 0:
-                ip, gen, frame, kind, series = iface.queue.popleft()
+            while (iface.urgent or iface.queue) and iface.tokens >= 1.0 and budget > 0:
+                ip, gen, frame, kind, series = (iface.urgent or iface.queue).popleft()
                 if kind == "mcast":
                     if self._reconcile_group(iface, frame):
                         budget -= 1

@@ -86,3 +86,20 @@ def test_reload_of_the_same_bytes_parses_nothing(tmp_path, monkeypatch):
     path.write_text(path.read_text() + "# edited\n")  # other bytes: parsed (and here the parser fails)
     ok3, cfg3 = holder.reload()
     assert not ok3 and cfg3 is cfg and not holder.unchanged and "parsed again" in holder.errors[0]
+
+
+@pytest.mark.parametrize("announce, ok", [
+    ({"rate": 2000, "burst": 50}, True), ({}, True), ({"rate": 0}, False), ({"rate": "fast"}, False),
+    ({"burst": 1.5}, False), ({"rate": float("nan")}, False), ({"pace": 1}, False), ([1], False),
+])
+def test_announce_pacing_is_a_checked_setting(tmp_path, announce, ok):
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(base(announce=announce)))
+    if ok:
+        cfg = load(path)
+        assert cfg.announce_rate == float(announce.get("rate", 5000))
+        assert cfg.announce_burst == announce.get("burst", 200)
+    else:
+        with pytest.raises(ConfigError) as info:
+            load(path)
+        assert "announce" in info.value.errors[0]
