@@ -563,7 +563,10 @@ class Speaker:
     def handle(self, req: dict) -> dict:
         cmd = req.get("cmd")
         if cmd == "status":
-            return self.status()
+            try:
+                return self.status(req)
+            except ValueError as exc:  # a bad VIP filter (statusview.select_vips)
+                return {"ok": False, "error": str(exc)}
         if cmd == "label":
             return self._label(req)
         if cmd == "reload":
@@ -663,7 +666,11 @@ class Speaker:
             return [], L2View({}, {}, known=False)
         return self.l2.rows()
 
-    def status(self) -> dict[str, Any]:
+    def status(self, req: dict | None = None) -> dict[str, Any]:
+        """The status document; ``req`` selects the VIP rows (statusview.select_vips: all of them up to
+        STATUS_ROWS, else a summary unless asked; filters by ip, service, owner, ...)."""
+        from .statusview import select_vips, vip_summary  # noqa: PLC0415
+
         cfg = self.cfg
         me = cfg.node_name if cfg else ""
         members = []
@@ -681,7 +688,11 @@ class Speaker:
                                 "publishedLabels": info.labels, "configDigest": m.meta.get("c", ""),
                                 "macs": [":".join(f"{b:02x}" for b in mac) for mac in sorted(info.macs)]})
         modes = {m.name: m.status() for m in self.modes}
-        vips = [v for st in modes.values() for v in mode_rows(st)]
+        all_vips = [v for st in modes.values() for v in mode_rows(st)]
+        for st in modes.values():  # the rows are shown once, at the top (selected), not again per mode
+            if isinstance(st.get("vips"), list):
+                st["vips"] = len(st["vips"])
+        vips, shown = select_vips(all_vips, req or {})
         conflicts = [c for st in modes.values() for c in st.get("conflicts", [])]
         mine = self.published()
         ml = self.membership
@@ -691,6 +702,8 @@ class Speaker:
             "profile": cfg.profile if cfg else "",
             "members": members,
             "vips": vips,
+            "vipsShown": shown,
+            "vipSummary": vip_summary(all_vips),
             "modes": modes,
             "config": self.holder.status() | {"restartPending": self._restart_pending},
             "conflicts": sorted(conflicts, key=lambda c: c["ip"]),

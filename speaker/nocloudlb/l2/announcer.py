@@ -273,6 +273,11 @@ class L2Announcer:
         with self._lock:
             return [dict(c) for c in self._conflicts.values()]
 
+    def macs(self) -> dict[str, str]:
+        """Interface -> the MAC it announces from (cheap: no per-VIP work)."""
+        with self._lock:
+            return {n: arp.mac_str(i.mac) for n, i in self._ifaces.items()}
+
     def stats(self) -> dict:
         """Interfaces, per-VIP state and the counters (also exported to Prometheus)."""
         with self._lock:

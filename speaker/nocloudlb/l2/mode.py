@@ -307,6 +307,8 @@ class L2Mode:
         self._row_of: dict[tuple[str, str], tuple[tuple, VipRow]] = {}  # (service, ip) -> (decision, row)
         self.applies = 0  # full applies (the election run), for tests and the scale benchmark
         self.last_apply_ms = 0.0  # how long the last one took
+        self._meta_key: tuple | None = None
+        self._meta_used: set[str] = set()
 
     # -- Mode ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -501,7 +503,8 @@ class L2Mode:
             fwd = sorted(self._forwarding)
         return {"vips": [r.view() for r in rows],
                 "conflicts": sorted(l2.conflicts.values(), key=lambda c: c["ip"]),
-                "announced": sorted(self._announced), "forwarding": fwd,
+                "announced": sorted(self._announced) if len(self._announced) <= 1000 else len(self._announced),
+                "forwarding": fwd,
                 "applies": self.applies, "lastApplyMs": self.last_apply_ms}
 
     def close(self) -> None:
@@ -523,9 +526,17 @@ class L2Mode:
     def meta(self) -> dict[str, Any]:
         """The MACs this node answers from, published so peers know its answers (and forward to it)."""
         try:
-            st = self.announcer.stats()
-            macs = st.get("macs", {})
-            used = {i for ifs in (st.get("announced") or {}).values() for i in ifs}
+            # cheap (every reconcile, 10,000 VIPs): the announcer's MACs, and the interfaces in use from
+            # what it was given (all eligible ones when a VIP names none)
+            macs_of = getattr(self.announcer, "macs", None)
+            macs = macs_of() if macs_of is not None else self.announcer.stats().get("macs", {})
+            key = (id(self._announced), tuple(sorted(macs.items())))
+            if key != self._meta_key:
+                used: set[str] = set()
+                for ifs in self._announced.values():
+                    used.update(ifs if ifs else macs)
+                self._meta_key, self._meta_used = key, used
+            used = self._meta_used
         except (AttributeError, KeyError, TypeError):
             return {}
         # at most MAX_MACS travel: the interfaces VIPs are announced on first
