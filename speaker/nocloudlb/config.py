@@ -8,7 +8,8 @@ Shape (YAML), see docs/speaker.md::
     socket: /run/nocloudlb/speaker.sock
     metrics: {bind: "auto:7472"}         # auto = memberlist.bind's address; "" disables
     handover: {grace: 30}                # seconds in-flight connections follow a planned move; 0 = off
-    announce: {rate: 5000, burst: 200}   # gratuitous ARP/NA frames per second and interface, and burst
+    announce: {rate: 5000, burst: 200, startSettle: 3}   # gratuitous ARP/NA frames per second and
+                                         # interface, burst; seconds a node that found no peer waits
     logLevel: info
     resources: [ ...MetalLB documents... ]
 
@@ -52,6 +53,9 @@ TOP_KEYS = {"node", "memberlist", "stateDir", "socket", "metrics", "handover", "
 # 2 s at the default rate; answers to requests are never paced.
 DEFAULT_ANNOUNCE_RATE = 5000.0
 DEFAULT_ANNOUNCE_BURST = 200
+# A node that starts and reaches none of its join seeds waits this long before taking any VIP: peers
+# starting at the same moment join it meanwhile, and it never announces (then hands back) their VIPs.
+DEFAULT_START_SETTLE = 3.0
 
 
 def now_iso() -> str:
@@ -80,6 +84,7 @@ class SpeakerConfig:
     file_digest: str = ""  # sha256 of the file's bytes: a reload of an unchanged file is recognised first
     announce_rate: float = DEFAULT_ANNOUNCE_RATE  # gratuitous frames per second and interface
     announce_burst: int = DEFAULT_ANNOUNCE_BURST
+    start_settle: float = DEFAULT_START_SETTLE
 
 
 def _printable(text: str) -> str:
@@ -269,9 +274,16 @@ def parse(data: Any, path: str = "") -> SpeakerConfig:
     announce = data.get("announce")
     announce = {} if announce is None else announce
     announce_rate, announce_burst = DEFAULT_ANNOUNCE_RATE, DEFAULT_ANNOUNCE_BURST
-    if not isinstance(announce, dict) or set(announce) - {"rate", "burst"}:
-        errors.append(f"announce: must be a mapping like {{rate: 5000, burst: 200}}, got {_short(announce)}")
+    start_settle = DEFAULT_START_SETTLE
+    if not isinstance(announce, dict) or set(announce) - {"rate", "burst", "startSettle"}:
+        errors.append(f"announce: must be a mapping like {{rate: 5000, burst: 200, startSettle: 3}}, "
+                      f"got {_short(announce)}")
     else:
+        settle = announce.get("startSettle", DEFAULT_START_SETTLE)
+        if isinstance(settle, bool) or not isinstance(settle, int | float) or not 0 <= settle <= 600:
+            errors.append(f"announce.startSettle: {_short(settle)} must be a number of seconds from 0 to 600")
+        else:
+            start_settle = float(settle)
         rate = announce.get("rate", DEFAULT_ANNOUNCE_RATE)
         burst = announce.get("burst", DEFAULT_ANNOUNCE_BURST)
         if isinstance(rate, bool) or not isinstance(rate, int | float) or not math.isfinite(rate) \
@@ -301,6 +313,7 @@ def parse(data: Any, path: str = "") -> SpeakerConfig:
         overrides=overrides, state_dir=state_dir, socket=sock, metrics_bind=metrics_bind,
         log_level=log_level.lower(), resources=resources, parsed=parsed, digest=resources_digest(resources),
         path=path, handover_grace=handover_grace, announce_rate=announce_rate, announce_burst=announce_burst,
+        start_settle=start_settle,
     )
 
 

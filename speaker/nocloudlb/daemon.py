@@ -49,7 +49,7 @@ log = logging.getLogger("nocloudlb.speaker")
 
 #: Settings read once at start: a reload keeps the running values and says a restart is needed.
 RESTART_FIELDS = ("node_name", "bind", "join", "profile", "overrides", "socket", "metrics_bind", "state_dir",
-                  "handover_grace", "announce_rate", "announce_burst")
+                  "handover_grace", "announce_rate", "announce_burst", "start_settle")
 
 EXIT_MEMBERSHIP_CLOSED = 3
 
@@ -391,6 +391,9 @@ class Speaker:
             timeout = 1.0 if wd is None else max(0.05, min(1.0, next_wd - time.monotonic()))
             if any(m.hook("busy") for m in self.modes):
                 timeout = min(timeout, 0.1)  # log serviceAnnounced as soon as the check ends
+            settle_left = self._settle_until - time.monotonic()
+            if settle_left > 0:  # decide again as soon as the start-up settle ends
+                timeout = min(timeout, settle_left + 0.01)
             try:
                 items = [self.events.get(timeout=timeout)]
             except queue.Empty:
@@ -481,6 +484,8 @@ class Speaker:
             macs.extend((m.hook("meta") or {}).get("macs", []))
         return self.codec.encode(self.my_labels(), self.health.healthy(), macs)
 
+    _settle_until = 0.0  # monotonic time before which a node that found no peer at start announces nothing
+
     def _gate(self) -> str:
         """Why this node may not announce anything now ("" when it may)."""
         ml = self.membership
@@ -488,6 +493,15 @@ class Speaker:
             return "notReady"  # never take addresses before the first join: peers may hold them
         if ml.join_state == "joinFailed" and ml.join_refused:
             return "joinRefused"  # peers are up but refuse our gossip (wrong key): do not fight them
+        if self._settle_until == 0.0:  # the first join just ended: settle if it found nobody
+            settle = self.cfg.start_settle if self.cfg is not None else 0.0
+            alone = ml.join_state == "joinFailed" and settle > 0
+            self._settle_until = time.monotonic() + settle if alone else -1.0
+            if alone:
+                logs.event(log, "speakerSettling", "no join seed answered: waiting for peers starting now "
+                           "before taking any VIP", seconds=settle)
+        if ml.join_state == "joinFailed" and time.monotonic() < self._settle_until:
+            return "settling"  # peers starting at the same moment join meanwhile: no VIP taken, then handed back
         return ""
 
     def member_macs(self) -> dict[str, tuple[bytes, ...]]:

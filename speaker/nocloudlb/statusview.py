@@ -27,6 +27,7 @@ REASONS: dict[str, tuple[str, str]] = {
     "noCandidates": ("nobody", "no live node is eligible: the VIP is not announced anywhere"),
     "notInAnyPool": ("nobody", "the service's address is in no IPAddressPool"),
     "notReady": ("waiting", "the speaker has not joined the cluster yet and takes no address"),
+    "settling": ("waiting", "no join seed answered at start: waiting a few seconds for peers starting now"),
     "joinRefused": ("refused", "peers refuse this node's gossip (wrong key?): it announces nothing"),
     "conflictCheck": ("checking", "elected; probing that no other MAC answers before announcing (RFC 5227)"),
     "ipConflict": ("conflict", "elected, but another MAC answers for the VIP: reported, never fought"),
