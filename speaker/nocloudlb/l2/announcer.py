@@ -660,9 +660,10 @@ class L2Announcer:
                         continue
                     frames = (arp.gratuitous(iface.mac, vip.packed) if vip.version == 4
                               else [ndp.unsolicited_na(iface.mac, vip.packed)])
-                    if not urgent and len(iface.queue) + len(frames) > self.max_queue:
-                        # bounded: a round that does not fit is dropped (the next round comes anyway);
-                        # a takeover's first round is never dropped (its queue holds one round per VIP)
+                    if urgent:  # a takeover displaces queued re-announcements (newest first)
+                        self._make_room(iface, len(frames), now)
+                    if len(iface.queue) + len(iface.urgent) + len(frames) > self.max_queue:
+                        # bounded: a round that does not fit is dropped (the next round comes anyway)
                         iface.dropped += len(frames)
                         continue
                     target = iface.urgent if urgent else iface.queue
@@ -670,6 +671,17 @@ class L2Announcer:
                         target.append((ip, gen, frame, "gratuitous", series))
                 if rnd + 1 < self.garp_rounds:
                     self._schedule(now + self.garp_interval, "garp", vip, (rnd + 1, names, series))
+
+    def _make_room(self, iface: _Iface, frames: int, now: float) -> None:
+        """Drop queued non-urgent frames, newest first, until ``frames`` more fit in ``max_queue``."""
+        while iface.queue and len(iface.queue) + len(iface.urgent) + frames > self.max_queue:
+            ip, gen, _frame, kind, _series = iface.queue.pop()
+            iface.dropped += 1
+            vip = self._current(ip, gen)
+            if kind == "probe" and vip is not None and vip.state == "checking":
+                vip.probes_pending -= 1  # a probe that will never leave: do not stall the check
+                if vip.probes_pending <= 0:
+                    self._probe_sent(vip, now)
 
     def _probe_sent(self, vip: _Vip, now: float) -> None:
         """All frames of probe ``vip.probe_no`` left (pacing may delay them): time the next step from now."""

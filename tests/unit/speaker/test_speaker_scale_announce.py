@@ -74,21 +74,22 @@ def test_takeover_frames_go_before_a_queued_reannouncement():
     assert a.stats()["queued"] == {"eth0": 0}
 
 
-def test_a_full_queue_never_drops_a_takeovers_first_round():
-    a, sock = announcer(burst=100000, max_queue=16)
-    old = ips(1, 20)
+def test_a_takeover_displaces_queued_reannouncements_in_a_full_queue():
+    a, sock = announcer(burst=100000, max_queue=64)
+    old = ips(1, 32)
     a.set_announced(dict.fromkeys(old, []), skip_check=old)
     drain(a)
     sock.sent.clear()
     a.reannounce(old)
     with a._lock:
         a._run_timers()
-    assert a._ifaces["eth0"].dropped > 0  # the bounded queue dropped re-announcement rounds
-    new = ips(100, 30)  # 60 frames, more than max_queue
+    assert len(a._ifaces["eth0"].queue) == 64  # the queue is full of re-announcement frames
+    new = ips(100, 30)  # 60 takeover frames
     a.set_announced(dict.fromkeys(old + new, []), skip_check=new)
+    assert a.stats()["queued"]["eth0"] <= 64
     drain(a)
-    assert {ip for ip in sent_ips(sock)} >= set(new)
-    assert sum(1 for ip in sent_ips(sock) if ip in new) == 2 * len(new)
+    assert sum(1 for ip in sent_ips(sock) if ip in new) == 2 * len(new)  # every takeover frame left
+    assert a._ifaces["eth0"].dropped >= 60  # re-announcement frames made room for them
 
 
 def test_pacing_holds_for_takeovers_too():
