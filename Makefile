@@ -105,6 +105,7 @@ bench: deps venv
 	$(PY) benchmarks/handover.py --cycles 5
 	$(PY) benchmarks/dataplane.py --seconds 5
 	$(PY) benchmarks/bgp.py --runs 3
+	$(PY) benchmarks/scale.py --vips 200 --idle 5 --arp 100 --settle 3 --after-kill 4  # full: docs/benchmarks.md
 
 # About 8 minutes: 20 kill -9 per profile, keepalived beside the speaker.
 bench-failover: deps venv
