@@ -198,7 +198,8 @@ def run_size(n: int, args: argparse.Namespace, work: Path) -> dict:
     with make_segment("sc", hosts=3) as seg:
         for h in seg.hosts:
             seg.run(h.ns, "sysctl -qw net.ipv4.conf.all.arp_ignore=1 net.ipv4.conf.all.arp_announce=2")
-        c = SpeakerCluster(seg, work / f"n{n}", profile="fast", resources=resources(n))
+        c = SpeakerCluster(seg, work / f"n{n}", profile="fast")  # small files first: PyYAML's dump is slow
+        c.resources = resources(n)
         dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
         for name in c.names:
             c.write_config(name, text=yaml.dump(c.config(name), Dumper=dumper))
