@@ -66,7 +66,7 @@ EXAMPLES = r"""
 
 RETURN = r"""
 status:
-  description: 'The speaker''s whole answer to the C({"cmd": "status", "vips": "all"}) request (every VIP row), unchanged.'
+  description: 'The speaker''s whole answer to the C({"cmd": "status", "vips": "all"}) request, unchanged.'
   returned: success
   type: dict
 node:
