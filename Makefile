@@ -108,6 +108,7 @@ bench: deps venv
 	$(PY) benchmarks/bgp.py --runs 3
 	$(PY) benchmarks/membership_scale.py --sizes 3,5 --trials 3 --window 10
 	$(PY) benchmarks/ansible_scale.py --sizes 10
+	$(PY) benchmarks/scale.py --vips 200 --idle 5 --arp 100 --settle 3 --after-kill 4  # full: docs/benchmarks.md
 
 # The long benchmarks at full size (docs/benchmarks.md "Membership at size", "Ansible at size"):
 # 3 to 80 speakers x 2 profiles (about 50 min), site.yml with 10, 300, 1,000 services (about 40-60 min);

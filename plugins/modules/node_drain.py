@@ -260,7 +260,7 @@ def drain(module: AnsibleModule, path: str, status: dict) -> dict:
     pending = set(owned)
     current = status
     while pending:
-        current = request(path, {"cmd": "status"})
+        current = request(path, {"cmd": "status", "vips": "all"})
         now_leaders = leaders(current)
         for ip in sorted(pending):
             leader = now_leaders.get(ip)
@@ -322,7 +322,7 @@ def undrain(module: AnsibleModule, path: str, status: dict) -> dict:
     request(path, {"cmd": "label", "unset": [DRAIN_LABEL]})
     start = time.monotonic()
     while True:
-        current = request(path, {"cmd": "status"})
+        current = request(path, {"cmd": "status", "vips": "all"})
         vips = current.get("vips") or []
         withheld = [v["ip"] for v in vips if v.get("reason") == "drained"]
         waiting = [v["ip"] for v in vips if v.get("leader") == me and not v.get("announcing")]
@@ -357,7 +357,7 @@ def main() -> None:
             module.fail_json(msg=f"{name}: must be >= 0, got {module.params[name]}")
     path = module.params["socket"]
     try:
-        status = request(path, {"cmd": "status"})
+        status = request(path, {"cmd": "status", "vips": "all"})
         if module.params["state"] == "drained":
             result = drain(module, path, status)
         else:

@@ -66,7 +66,7 @@ EXAMPLES = r"""
 
 RETURN = r"""
 status:
-  description: 'The speaker''s whole answer to the C({"cmd": "status"}) request, unchanged.'
+  description: 'The speaker''s whole answer to the C({"cmd": "status", "vips": "all"}) request, unchanged.'
   returned: success
   type: dict
 node:
@@ -194,7 +194,7 @@ def main() -> None:
     )
     path = module.params["socket"]
     try:
-        status = request(path, {"cmd": "status"}, module.params["timeout"])
+        status = request(path, {"cmd": "status", "vips": "all"}, module.params["timeout"])
     except FileNotFoundError:
         module.fail_json(msg=f"socket: {path} does not exist; is nocloudlb-speaker.service running on this node?")
     except ConnectionRefusedError:

@@ -30,6 +30,24 @@ def _request(sock: str, req: dict[str, Any]) -> dict[str, Any]:
         raise SystemExit(2) from None
 
 
+def _status_request(a: argparse.Namespace) -> dict:
+    """The status request with the VIP selection of the command line (all rows up to 1,000 VIPs by default,
+    a summary past that; --all, or the filters, give rows). --cluster needs every row."""
+    req: dict = {"cmd": "status"}
+    if a.all or a.cluster:
+        req["vips"] = "all"
+    if a.ip:
+        req["ips"] = list(a.ip)
+    for key in ("service", "reason", "leader"):
+        if getattr(a, key) is not None:
+            req[key] = getattr(a, key)
+    if a.announcing:
+        req["announcing"] = True
+    if a.limit is not None:
+        req["limit"] = a.limit
+    return req
+
+
 def _status(a: argparse.Namespace) -> int:
     import os
 
@@ -44,9 +62,9 @@ def _status(a: argparse.Namespace) -> int:
             return 2
         from .core.control_client import request
 
-        return sv.watch(lambda: request(a.socket, {"cmd": "status"}), sys.stdout, paint, a.interval, a.count,
+        return sv.watch(lambda: request(a.socket, _status_request(a)), sys.stdout, paint, a.interval, a.count,
                         redraw=sys.stdout.isatty())
-    st = _request(a.socket, {"cmd": "status"})
+    st = _request(a.socket, _status_request(a))
     if a.cluster:
         port = a.metrics_port or int(str(st.get("metricsBind") or ":7472").rpartition(":")[2] or 7472)
         view = sv.cluster_view(st, port)
@@ -76,6 +94,14 @@ def main(argv: list[str] | None = None) -> int:
                           "(asked on its metrics port); exit 1 on a VIP with two owners or none")
     stp.add_argument("--metrics-port", type=int, default=0, help="members' metrics port (default: this node's)")
     stp.add_argument("--color", choices=["auto", "always", "never"], default="auto")
+    stp.add_argument("--all", action="store_true",
+                     help="every VIP row (by default, past 1,000 VIPs only a summary is shown)")
+    stp.add_argument("--ip", action="append", help="only this VIP (repeatable)")
+    stp.add_argument("--service", help="only this service (namespace/name; a glob such as 'prod/*' works)")
+    stp.add_argument("--announcing", action="store_true", help="only the VIPs this node announces")
+    stp.add_argument("--reason", help="only VIPs with this reason (notOwner, drained, ...)")
+    stp.add_argument("--leader", help="only VIPs this node elects to NODE")
+    stp.add_argument("--limit", type=int, help="at most N rows")
     for name, hlp in (("reload", "reload the config file"), ("keys", "ids of the gossip keys in use")):
         x = sub.add_parser(name, help=hlp)
         x.add_argument("--socket", default=DEFAULT_SOCKET)

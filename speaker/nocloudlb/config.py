@@ -8,6 +8,8 @@ Shape (YAML), see docs/speaker.md::
     socket: /run/nocloudlb/speaker.sock
     metrics: {bind: "auto:7472"}         # auto = memberlist.bind's address; "" disables
     handover: {grace: 30}                # seconds in-flight connections follow a planned move; 0 = off
+    announce: {rate: 5000, burst: 200, startSettle: 3}   # gratuitous ARP/NA frames per second and
+                                         # interface, burst; seconds a node that found no peer waits
     logLevel: info
     resources: [ ...MetalLB documents... ]
 
@@ -46,7 +48,14 @@ MAX_DEPTH = 64  # nested sequences/mappings
 MAX_ERRORS = 40  # errors reported; the rest are counted
 MAX_ERROR_LEN = 300  # characters per error
 MAX_ERROR_CHARS = MAX_ERRORS * (MAX_ERROR_LEN + 1) + 100  # the whole refusal, joined by newlines
-TOP_KEYS = {"node", "memberlist", "stateDir", "socket", "metrics", "handover", "logLevel", "resources"}
+TOP_KEYS = {"node", "memberlist", "stateDir", "socket", "metrics", "handover", "logLevel", "resources", "announce"}
+# Pacing of gratuitous ARP/NA (and probes) per interface: a takeover of 5,000 IPv4 VIPs is 10,000 frames,
+# 2 s at the default rate; answers to requests are never paced.
+DEFAULT_ANNOUNCE_RATE = 5000.0
+DEFAULT_ANNOUNCE_BURST = 200
+# A node that starts and reaches none of its join seeds waits this long before taking any VIP: peers
+# starting at the same moment join it meanwhile, and it never announces (then hands back) their VIPs.
+DEFAULT_START_SETTLE = 3.0
 
 
 def now_iso() -> str:
@@ -72,6 +81,10 @@ class SpeakerConfig:
     path: str = ""
     loaded_at: str = field(default_factory=now_iso)
     handover_grace: float = DEFAULT_HANDOVER_GRACE  # 0 turns it off
+    file_digest: str = ""  # sha256 of the file's bytes: a reload of an unchanged file is recognised first
+    announce_rate: float = DEFAULT_ANNOUNCE_RATE  # gratuitous frames per second and interface
+    announce_burst: int = DEFAULT_ANNOUNCE_BURST
+    start_settle: float = DEFAULT_START_SETTLE
 
 
 def _printable(text: str) -> str:
@@ -280,6 +293,31 @@ def parse(data: Any, path: str = "") -> SpeakerConfig:
         else:
             handover_grace = float(grace)
 
+    announce = data.get("announce")
+    announce = {} if announce is None else announce
+    announce_rate, announce_burst = DEFAULT_ANNOUNCE_RATE, DEFAULT_ANNOUNCE_BURST
+    start_settle = DEFAULT_START_SETTLE
+    if not isinstance(announce, dict) or set(announce) - {"rate", "burst", "startSettle"}:
+        errors.append(f"announce: must be a mapping like {{rate: 5000, burst: 200, startSettle: 3}}, "
+                      f"got {_short(announce)}")
+    else:
+        settle = announce.get("startSettle", DEFAULT_START_SETTLE)
+        if isinstance(settle, bool) or not isinstance(settle, int | float) or not 0 <= settle <= 600:
+            errors.append(f"announce.startSettle: {_short(settle)} must be a number of seconds from 0 to 600")
+        else:
+            start_settle = float(settle)
+        rate = announce.get("rate", DEFAULT_ANNOUNCE_RATE)
+        burst = announce.get("burst", DEFAULT_ANNOUNCE_BURST)
+        if isinstance(rate, bool) or not isinstance(rate, int | float) or not math.isfinite(rate) \
+                or not 10 <= rate <= 1_000_000:
+            errors.append(f"announce.rate: {_short(rate)} must be a number of frames per second from 10 to 1000000")
+        else:
+            announce_rate = float(rate)
+        if isinstance(burst, bool) or not isinstance(burst, int) or not 1 <= burst <= 100_000:
+            errors.append(f"announce.burst: {_short(burst)} must be a whole number of frames from 1 to 100000")
+        else:
+            announce_burst = burst
+
     resources = data.get("resources") or []
     parsed = None
     if not isinstance(resources, list):
@@ -296,46 +334,170 @@ def parse(data: Any, path: str = "") -> SpeakerConfig:
         node_name=name, node_labels=labels, bind=bind, join=join, key_file=key_file, profile=profile,
         overrides=overrides, state_dir=state_dir, socket=sock, metrics_bind=metrics_bind,
         log_level=log_level.lower(), resources=resources, parsed=parsed, digest=resources_digest(resources),
-        path=path, handover_grace=handover_grace,
+        path=path, handover_grace=handover_grace, announce_rate=announce_rate, announce_burst=announce_burst,
+        start_settle=start_settle,
     )
 
 
-def check_yaml_shape(text: str, where: str) -> None:
-    """Refuse, before building any object, YAML that nests deeper than MAX_DEPTH, whose aliases refer to
-    themselves (a recursive anchor), or that expands to more than MAX_NODES nodes (exponential anchors).
+class _Fallback(Exception):
+    """The fast builder met a YAML feature it leaves to PyYAML (anchors, tags, merge keys, complex keys)."""
 
-    Walks PyYAML's event stream (no recursion, linear in the text): each anchor's expanded size is
-    known when its node ends, and an alias adds that size to the count.
+
+_EV_SCALAR, _EV_ALIAS = yaml.ScalarEvent, yaml.AliasEvent
+_EV_SEQ, _EV_MAP = yaml.SequenceStartEvent, yaml.MappingStartEvent
+_EV_SEQ_END, _EV_MAP_END = yaml.SequenceEndEvent, yaml.MappingEndEvent
+_EV_DOC = yaml.DocumentStartEvent
+_STR_TAG = "tag:yaml.org,2002:str"
+
+
+class _PlainScalars:
+    """Plain scalars resolved as SafeLoader resolves them (its implicit resolvers and constructors),
+    with the common cases (strings, small ints) answered from a cache."""
+
+    def __init__(self) -> None:
+        self.resolvers = yaml.SafeLoader.yaml_implicit_resolvers
+        self.constructor = yaml.SafeLoader("")  # only its construct_yaml_* methods are used
+        self.cache: dict[str, Any] = {}
+
+    def value(self, text: str) -> Any:
+        try:
+            return self.cache[text]
+        except KeyError:
+            pass
+        tag = _STR_TAG
+        for t, regexp in self.resolvers.get(text[0] if text else "", []) + self.resolvers.get(None, []):
+            if regexp.match(text):
+                tag = t
+                break
+        if tag == _STR_TAG:
+            value: Any = text
+        else:
+            fn = self.constructor.yaml_constructors.get(tag)
+            if fn is None:
+                raise _Fallback(tag)
+            value = fn(self.constructor, yaml.ScalarNode(tag, text))
+        if len(self.cache) < 4096 and not isinstance(value, list | dict):
+            self.cache[text] = value
+        return value
+
+
+def _read_yaml(text: str, where: str) -> list[Any]:
+    """The documents of ``text``, as ``yaml.safe_load_all`` gives them, read with libyaml in one pass.
+
+    The same pass refuses, before building anything large, YAML that nests deeper than MAX_DEPTH,
+    whose aliases refer to themselves (a recursive anchor), or that expands to more than MAX_NODES
+    nodes (exponential anchors): each anchor's expanded size is known when its node ends, and an
+    alias adds that size to the count (no recursion, linear in the text).
+
+    The objects are built from libyaml's events directly (PyYAML's constructor costs seconds on a
+    10,000-service file); a file with anchors, explicit tags, merge keys or complex keys is checked
+    the same way and then built by PyYAML's SafeLoader (libyaml's when present), as before.
     """
+    parse_loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     sizes: dict[str, int] = {}
     open_anchors: set[str] = set()
     stack: list[tuple[str | None, int]] = []
     count = 0
-    for ev in yaml.parse(text, Loader=yaml.SafeLoader):
-        if isinstance(ev, yaml.AliasEvent):
-            if ev.anchor in open_anchors:
-                raise ConfigError([f"config {where}: recursive YAML anchor &{_short(ev.anchor, 40)} "
-                                   f"refers to itself ({_mark(ev)})"])
-            count += sizes.get(ev.anchor, 1)
-        elif isinstance(ev, yaml.ScalarEvent):
+    docs: list[Any] = []
+    build = True
+    plain = _PlainScalars()
+    cache = plain.cache
+    # the container being built (None: a document's root), whether it is a mapping, and the key
+    # read and waiting for its value; the enclosing ones are kept in ``frames``
+    cur: Any = None
+    is_map = False
+    key: Any = None
+    has_key = False
+    frames: list[tuple[Any, bool, Any, bool]] = []
+    for ev in yaml.parse(text, Loader=parse_loader):
+        kind = type(ev)
+        if kind is _EV_SCALAR:
             count += 1
-            if ev.anchor is not None:
-                sizes[ev.anchor] = 1
-        elif isinstance(ev, yaml.CollectionStartEvent):
+            if not build:
+                if ev.anchor is not None:
+                    sizes[ev.anchor] = 1
+                continue
+            if ev.anchor is not None or (ev.tag is not None and ev.tag != "!"):
+                build = False
+                if ev.anchor is not None:
+                    sizes[ev.anchor] = 1
+                continue
+            value: Any = ev.value
+            if ev.implicit[0]:
+                hit = cache.get(value, cache)
+                if hit is cache:
+                    try:
+                        value = plain.value(value)
+                    except _Fallback:
+                        build = False
+                        continue
+                else:
+                    value = hit
+            if is_map:
+                if has_key:
+                    cur[key] = value
+                    has_key = False
+                elif value == "<<":
+                    build = False  # a merge key: PyYAML's rules apply
+                else:
+                    key, has_key = value, True
+            elif cur is not None:
+                cur.append(value)
+            else:
+                docs.append(value)
+        elif kind is _EV_SEQ or kind is _EV_MAP:
             count += 1
             stack.append((ev.anchor, count))
             if ev.anchor is not None:
                 open_anchors.add(ev.anchor)
+                build = False
             if len(stack) > MAX_DEPTH:
                 raise ConfigError([f"config {where}: nested deeper than {MAX_DEPTH} levels ({_mark(ev)})"])
-        elif isinstance(ev, yaml.CollectionEndEvent) and stack:
-            anchor, start = stack.pop()
-            if anchor is not None:
-                open_anchors.discard(anchor)
-                sizes[anchor] = count - start + 1
+            if build and ev.tag is not None and ev.tag != "!":
+                build = False
+            if build:
+                container: Any = {} if kind is _EV_MAP else []
+                if is_map:
+                    if not has_key:
+                        build = False  # a complex key: PyYAML's rules apply
+                        continue
+                    cur[key] = container
+                    has_key = False
+                elif cur is not None:
+                    cur.append(container)
+                else:
+                    docs.append(container)
+                frames.append((cur, is_map, key, has_key))
+                cur, is_map, key, has_key = container, kind is _EV_MAP, None, False
+        elif kind is _EV_SEQ_END or kind is _EV_MAP_END:
+            if stack:
+                anchor, start = stack.pop()
+                if anchor is not None:
+                    open_anchors.discard(anchor)
+                    sizes[anchor] = count - start + 1
+            if build:
+                cur, is_map, key, has_key = frames.pop()
+        elif kind is _EV_ALIAS:
+            build = False
+            if ev.anchor in open_anchors:
+                raise ConfigError([f"config {where}: recursive YAML anchor &{_short(ev.anchor, 40)} "
+                                   f"refers to itself ({_mark(ev)})"])
+            count += sizes.get(ev.anchor, 1)
+        elif kind is _EV_DOC:
+            frames.clear()
+            cur, is_map, key, has_key = None, False, None, False
         if count > MAX_NODES:
             raise ConfigError([f"config {where}: expands to more than {MAX_NODES} YAML nodes "
                                f"(aliases of aliases?) ({_mark(ev)})"])
+    if build:
+        return docs
+    return list(yaml.load_all(text, Loader=parse_loader))  # noqa: S506 - a safe loader (CSafeLoader/SafeLoader)
+
+
+def check_yaml_shape(text: str, where: str) -> None:
+    """Refuse YAML that nests deeper than MAX_DEPTH, whose aliases refer to themselves, or that expands
+    to more than MAX_NODES nodes (see ``_read_yaml``, which checks the same while reading)."""
+    _read_yaml(text, where)
 
 
 def _mark(ev: Any) -> str:
@@ -343,12 +505,21 @@ def _mark(ev: Any) -> str:
     return f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "?"
 
 
-def _load(path: str | Path) -> SpeakerConfig:
+def _read_bytes(path: str | Path) -> bytes:
     try:
         with open(path, "rb") as fh:
-            raw = fh.read(MAX_BYTES + 1)
+            return fh.read(MAX_BYTES + 1)
     except OSError as exc:
         raise ConfigError([f"config {path}: cannot read: {exc.strerror or exc}"]) from exc
+
+
+def file_digest(raw: bytes) -> str:
+    return hashlib.sha256(raw).hexdigest()
+
+
+def _load(path: str | Path, raw: bytes | None = None) -> SpeakerConfig:
+    if raw is None:
+        raw = _read_bytes(path)
     if len(raw) > MAX_BYTES:
         raise ConfigError([f"config {path}: larger than {MAX_BYTES >> 20} MiB"])
     try:
@@ -358,16 +529,17 @@ def _load(path: str | Path) -> SpeakerConfig:
         raise ConfigError([f"config {path}: not UTF-8 text: byte {raw[exc.start]:#04x} at offset {exc.start} "
                            f"(line {line})"]) from None
     try:
-        check_yaml_shape(text, str(path))
-        docs = list(yaml.safe_load_all(text))
+        docs = _read_yaml(text, str(path))
     except yaml.YAMLError as exc:
         raise ConfigError([f"config {path}: not valid YAML: {exc}"]) from exc
     if len(docs) != 1:
         raise ConfigError([f"config {path}: expected one YAML document, found {len(docs)}"])
-    return parse(docs[0], str(path))
+    cfg = parse(docs[0], str(path))
+    cfg.file_digest = file_digest(raw)
+    return cfg
 
 
-def load(path: str | Path) -> SpeakerConfig:
+def load(path: str | Path, raw: bytes | None = None) -> SpeakerConfig:
     """Read and check ``path``; raise ConfigError naming every problem, and nothing else.
 
     Whatever the file holds (any bytes, any YAML), the only exception is ConfigError, with at
@@ -375,7 +547,7 @@ def load(path: str | Path) -> SpeakerConfig:
     therefore refuse the same files, and a reload keeps the last good config.
     """
     try:
-        return _load(path)
+        return _load(path, raw)
     except ConfigError as exc:
         raise ConfigError(bound_errors(exc.errors)) from None
     except RecursionError:
@@ -394,14 +566,27 @@ class ConfigHolder:
         self.errors: list[str] = []
         self.loaded_at = ""  # time of the last load attempt
         self.last_good_at = ""
+        self.unchanged = False  # the last reload found the very file in use (same bytes): nothing was parsed
         self._lock = threading.Lock()
 
     def reload(self) -> tuple[bool, SpeakerConfig | None]:
-        """Load the file; on error keep serving the previous config. Returns (ok, config in use)."""
+        """Load the file; on error keep serving the previous config. Returns (ok, config in use).
+
+        Digest first: a file whose bytes are those of the config in use is not parsed again, and the
+        config in use (the same object) comes back, with ``unchanged`` set.
+        """
         with self._lock:
             self.loaded_at = now_iso()
+            self.unchanged = False
             try:
-                cfg = load(self.path)
+                raw = _read_bytes(self.path)
+                cur = self.current
+                if cur is not None and self.state == "ok" and cur.file_digest \
+                        and len(raw) <= MAX_BYTES and file_digest(raw) == cur.file_digest:
+                    self.unchanged = True
+                    self.last_good_at = self.loaded_at
+                    return True, cur
+                cfg = load(self.path, raw)
             except ConfigError as exc:
                 self.state, self.errors = "error", list(exc.errors)
                 return False, self.current

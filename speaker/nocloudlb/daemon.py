@@ -52,7 +52,7 @@ log = logging.getLogger("nocloudlb.speaker")
 
 #: Settings read once at start: a reload keeps the running values and says a restart is needed.
 RESTART_FIELDS = ("node_name", "bind", "join", "profile", "overrides", "socket", "metrics_bind", "state_dir",
-                  "handover_grace")
+                  "handover_grace", "announce_rate", "announce_burst", "start_settle")
 
 EXIT_MEMBERSHIP_CLOSED = 3
 
@@ -180,6 +180,16 @@ class Speaker:
     # -- config ---------------------------------------------------------------------------
     def _load(self) -> tuple[bool, SpeakerConfig | None]:
         ok, cfg = self.holder.reload()
+        if ok and cfg is not None and self.holder.unchanged and cfg is self.cfg:
+            # the very file in use (digest first): only the key file may have changed beside it
+            if cfg.key_file:
+                try:
+                    self.keys = read_key_file(cfg.key_file)
+                except KeyFileError as exc:
+                    with self.holder._lock:
+                        self.holder.state, self.holder.errors = "error", [str(exc)]
+                    return False, self.cfg
+            return ok, cfg
         if ok and cfg is not None:
             keys, extra = check_extra(cfg)
             if extra:
@@ -248,7 +258,14 @@ class Speaker:
 
     def _reload(self) -> dict[str, Any]:
         ok, cfg = self._load()
-        if ok and cfg is not None:
+        if ok and cfg is not None and cfg is self.cfg and self.holder.unchanged:
+            logs.event(log, "configUnchanged", "the file is the one in use; nothing to apply", digest=cfg.digest)
+            if self.membership is not None and self.keys is not None and self.keys != self.membership.keys:
+                try:
+                    self.membership.set_keys(self.keys)
+                except (kinship.KinshipError, ValueError, TimeoutError) as exc:
+                    logs.event(log, "memberlistKeysFailed", str(exc), logging.ERROR)
+        elif ok and cfg is not None:
             self._apply_config(cfg, first=False)
             self.post()
         else:
@@ -301,7 +318,8 @@ class Speaker:
                          handover=handover, post=self.post, other_lo=self._other_lo,
                          suspecters=self._suspecters)
         self.l2.announcer = factory(cfg.node_name, logging.getLogger("nocloudlb.l2"),
-                                    is_peer_mac=self.l2.is_peer_mac)
+                                    is_peer_mac=self.l2.is_peer_mac, rate=cfg.announce_rate,
+                                    burst=cfg.announce_burst)
         modes.append(self.l2)
         return modes
 
@@ -419,6 +437,9 @@ class Speaker:
             timeout = 1.0 if wd is None else max(0.05, min(1.0, next_wd - time.monotonic()))
             if any(m.hook("busy") for m in self.modes):
                 timeout = min(timeout, 0.1)  # log serviceAnnounced as soon as the check ends
+            settle_left = self._settle_until - time.monotonic()
+            if settle_left > 0:  # decide again as soon as the start-up settle ends
+                timeout = min(timeout, settle_left + 0.01)
             try:
                 items = [self.events.get(timeout=timeout)]
             except queue.Empty:
@@ -515,6 +536,8 @@ class Speaker:
                 labels = {**labels, DRAIN_LABEL: ""}
         return self.codec.encode(labels, self.health.healthy(), macs)
 
+    _settle_until = 0.0  # monotonic time before which a node that found no peer at start announces nothing
+
     def _gate(self) -> str:
         """Why this node may not announce anything now ("" when it may)."""
         ml = self.membership
@@ -522,6 +545,15 @@ class Speaker:
             return "notReady"  # never take addresses before the first join: peers may hold them
         if ml.join_state == "joinFailed" and ml.join_refused:
             return "joinRefused"  # peers are up but refuse our gossip (wrong key): do not fight them
+        if self._settle_until == 0.0:  # the first join just ended: settle if it found nobody
+            settle = self.cfg.start_settle if self.cfg is not None else 0.0
+            alone = ml.join_state == "joinFailed" and settle > 0
+            self._settle_until = time.monotonic() + settle if alone else -1.0
+            if alone:
+                logs.event(log, "speakerSettling", "no join seed answered: waiting for peers starting now "
+                           "before taking any VIP", seconds=settle)
+        if ml.join_state == "joinFailed" and time.monotonic() < self._settle_until:
+            return "settling"  # peers starting at the same moment join meanwhile: no VIP taken, then handed back
         return ""
 
     def member_macs(self) -> dict[str, tuple[bytes, ...]]:
@@ -617,7 +649,10 @@ class Speaker:
     def handle(self, req: dict) -> dict:
         cmd = req.get("cmd")
         if cmd == "status":
-            return self.status()
+            try:
+                return self.status(req)
+            except ValueError as exc:  # a bad VIP filter (statusview.select_vips)
+                return {"ok": False, "error": str(exc)}
         if cmd == "label":
             return self._label(req)
         if cmd == "reload":
@@ -714,7 +749,11 @@ class Speaker:
             return [], L2View({}, {}, known=False)
         return self.l2.rows()
 
-    def status(self) -> dict[str, Any]:
+    def status(self, req: dict | None = None) -> dict[str, Any]:
+        """The status document; ``req`` selects the VIP rows (statusview.select_vips: all of them up to
+        STATUS_ROWS, else a summary unless asked; filters by ip, service, owner, ...)."""
+        from .statusview import select_vips, vip_summary  # noqa: PLC0415
+
         cfg = self.cfg
         me = cfg.node_name if cfg else ""
         members = []
@@ -732,7 +771,11 @@ class Speaker:
                                 "publishedLabels": info.labels, "configDigest": m.meta.get("c", ""),
                                 "macs": [":".join(f"{b:02x}" for b in mac) for mac in sorted(info.macs)]})
         modes = {m.name: m.status() for m in self.modes}
-        vips = [v for st in modes.values() for v in mode_rows(st)]
+        all_vips = [v for st in modes.values() for v in mode_rows(st)]
+        for st in modes.values():  # the rows are shown once, at the top (selected), not again per mode
+            if isinstance(st.get("vips"), list):
+                st["vips"] = len(st["vips"])
+        vips, shown = select_vips(all_vips, req or {})
         conflicts = [c for st in modes.values() for c in st.get("conflicts", [])]
         mine = self.published()
         ml = self.membership
@@ -742,6 +785,8 @@ class Speaker:
             "profile": cfg.profile if cfg else "",
             "members": members,
             "vips": vips,
+            "vipsShown": shown,
+            "vipSummary": vip_summary(all_vips),
             "modes": modes,
             "config": self.holder.status() | {"restartPending": self._restart_pending},
             "conflicts": sorted(conflicts, key=lambda c: c["ip"]),

@@ -8,6 +8,7 @@ says it announces. The CLI (cli.py) fetches; this module formats.
 from __future__ import annotations
 
 import datetime
+import fnmatch
 import json
 import re
 import time
@@ -26,11 +27,80 @@ REASONS: dict[str, tuple[str, str]] = {
     "noCandidates": ("nobody", "no live node is eligible: the VIP is not announced anywhere"),
     "notInAnyPool": ("nobody", "the service's address is in no IPAddressPool"),
     "notReady": ("waiting", "the speaker has not joined the cluster yet and takes no address"),
+    "settling": ("waiting", "no join seed answered at start: waiting a few seconds for peers starting now"),
     "joinRefused": ("refused", "peers refuse this node's gossip (wrong key?): it announces nothing"),
     "conflictCheck": ("checking", "elected; probing that no other MAC answers before announcing (RFC 5227)"),
     "ipConflict": ("conflict", "elected, but another MAC answers for the VIP: reported, never fought"),
     "l2Pending": ("checking", "elected; the layer-2 announcer has not taken the VIP yet"),
 }
+# Status at size (issue 10): past this many VIP rows, a plain ``status`` request answers with the summary
+# only (10,000 rows are 2.6 MB of JSON); ``"vips": "all"`` or a filter gives rows.
+STATUS_ROWS = 1000
+VIP_FILTERS = ("ips", "service", "announcing", "reason", "leader")
+
+
+def vip_summary(vips: list[dict[str, Any]]) -> dict[str, Any]:
+    """Counts over every VIP row: total, announced here, by this node's role, by reason, by owner."""
+    by_reason: dict[str, int] = {}
+    by_role: dict[str, int] = {}
+    leaders: dict[str, int] = {}
+    announcing = 0
+    for v in vips:
+        reason = v.get("reason") or "owner"
+        by_reason[reason] = by_reason.get(reason, 0) + 1
+        role = role_of(v)
+        by_role[role] = by_role.get(role, 0) + 1
+        owner = str(v.get("leader") or "none")
+        leaders[owner] = leaders.get(owner, 0) + 1
+        announcing += bool(v.get("announcing"))
+    return {"total": len(vips), "announcing": announcing, "byRole": dict(sorted(by_role.items())),
+            "byReason": dict(sorted(by_reason.items())), "leaders": dict(sorted(leaders.items()))}
+
+
+def select_vips(vips: list[dict[str, Any]], req: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The VIP rows a ``status`` request asks for, and what was left out.
+
+    ``vips``: "auto" (default: every row up to STATUS_ROWS, none past it unless filtered), "all", "none";
+    filters (all must match): ``ips`` (list), ``service`` ("ns/name", glob allowed), ``announcing`` (bool),
+    ``reason`` (as in the rows; "" = owner), ``leader`` (node name); ``limit``: at most that many rows.
+    Raises ValueError naming a bad field.
+    """
+    mode = req.get("vips", "auto")
+    if mode not in ("auto", "all", "none"):
+        raise ValueError(f"status: 'vips' is one of auto, all, none, got {mode!r}")
+    ips = req.get("ips")
+    if ips is not None and (not isinstance(ips, list) or not all(isinstance(i, str) for i in ips)):
+        raise ValueError("status: 'ips' is a list of addresses")
+    for key in ("service", "reason", "leader"):
+        if req.get(key) is not None and not isinstance(req[key], str):
+            raise ValueError(f"status: {key!r} is a string")
+    if req.get("announcing") is not None and not isinstance(req["announcing"], bool):
+        raise ValueError("status: 'announcing' is true or false")
+    limit = req.get("limit")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+        raise ValueError("status: 'limit' is a whole number >= 0")
+    filtered = any(req.get(k) is not None for k in VIP_FILTERS)
+    rows = vips
+    if ips is not None:
+        wanted = set(ips)
+        rows = [v for v in rows if v.get("ip") in wanted]
+    if req.get("service") is not None:
+        pat = req["service"]
+        rows = [v for v in rows if v.get("service") == pat or fnmatch.fnmatchcase(str(v.get("service")), pat)]
+    if req.get("announcing") is not None:
+        rows = [v for v in rows if bool(v.get("announcing")) == req["announcing"]]
+    if req.get("reason") is not None:
+        rows = [v for v in rows if (v.get("reason") or "") == req["reason"]]
+    if req.get("leader") is not None:
+        rows = [v for v in rows if v.get("leader") == req["leader"]]
+    matched = len(rows)
+    if mode == "none" or (mode == "auto" and not filtered and len(rows) > STATUS_ROWS):
+        rows = []
+    if limit is not None:
+        rows = rows[:limit]
+    return rows, {"total": len(vips), "matched": matched, "shown": len(rows), "omitted": matched - len(rows)}
+
+
 ROLE_COLOR = {"owner": "32", "backup": "2", "drained": "33", "ineligible": "33", "checking": "33",
               "waiting": "33", "nobody": "31", "refused": "31", "conflict": "31"}
 
@@ -106,10 +176,29 @@ def vip_rows(st: dict[str, Any], marks: dict[tuple[str, str], str] | None = None
     return rows, colors
 
 
+def summary_text(st: dict[str, Any]) -> str:
+    """One line of counts (``vipSummary``), and how many rows were left out and how to ask for them."""
+    sm = st.get("vipSummary") or {}
+    shown = st.get("vipsShown") or {}
+    roles = ", ".join(f"{k} {v}" for k, v in (sm.get("byRole") or {}).items())
+    owners = ", ".join(f"{k} {v}" for k, v in (sm.get("leaders") or {}).items())
+    line = f"{sm.get('total', 0)} VIPs, {sm.get('announcing', 0)} announced here ({roles}); owners: {owners}"
+    if shown.get("omitted"):
+        line += (f"\n{shown['omitted']} rows not shown (more than {STATUS_ROWS}): add --all, or filter with "
+                 "--ip/--service/--announcing/--reason/--leader")
+    return line
+
+
 def render(st: dict[str, Any], paint: Paint, marks: dict[tuple[str, str], str] | None = None) -> str:
     out = [header(st, paint), ""]
     rows, colors = vip_rows(st, marks)
-    out.append(table(rows, paint, colors) if len(rows) > 1 else "no VIPs: no service has an address")
+    if st.get("vipSummary") and (len(rows) > 1 or (st.get("vipsShown") or {}).get("omitted")):
+        out.append(summary_text(st))
+    if len(rows) > 1:
+        out.append(table(rows, paint, colors))
+    elif not (st.get("vipsShown") or {}).get("omitted"):
+        out.append("no VIPs: no service has an address" if not (st.get("vipSummary") or {}).get("total")
+                   else "no VIP matches")
     for c in st.get("conflicts", []):
         out.append(paint(f"CONFLICT {c.get('ip')}: answered by {c.get('mac')} on {c.get('iface')} since {c.get('at')}",
                          "31"))

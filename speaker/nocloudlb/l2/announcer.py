@@ -14,7 +14,10 @@ send), a timer heap and per-interface transmit queues; answering is done by a ch
   answers. ``stats()["responder"]`` and ``nocloudlb_layer2_responder_up`` show it.
 - timers: the conflict check (probes, then a decision) and the gratuitous ARP/NA rounds.
 - transmit: probes and gratuitous frames go through a per-interface token bucket, so a
-  takeover of thousands of VIPs is spread out instead of burst onto the segment.
+  takeover of thousands of VIPs is spread out instead of burst onto the segment. Two queues
+  share the bucket: the first round of a VIP just gained (a takeover) and the multicast joins
+  that let it be answered go first (``urgent``); later rounds, re-announcements and probes wait
+  behind them, so a re-announcement backlog never delays a takeover.
 
 Lifecycle of an address given to ``set_announced``::
 
@@ -108,6 +111,7 @@ class _Iface:
     answer: set[bytes] = field(default_factory=set)  # packed IPs answered on this interface
     groups: Counter = field(default_factory=Counter)  # solicited-node group -> number of VIPs
     queue: deque = field(default_factory=deque)  # (ip, gen, frame, kind, series); "mcast": frame is a group
+    urgent: deque = field(default_factory=deque)  # the same, sent before ``queue``: takeovers' first round, joins
     dropped: int = 0  # gratuitous frames dropped: superseded, or the queue was full
     tokens: float = 0.0
     refilled: float = 0.0
@@ -142,8 +146,8 @@ class L2Announcer:
         check_wait: float = 0.2,
         garp_rounds: int = 5,
         garp_interval: float = 1.1,
-        rate: float = 2000.0,
-        burst: int = 100,
+        rate: float = 5000.0,
+        burst: int = 200,
         rescan_interval: float = 5.0,
         conflict_retry: float = 30.0,
         max_queue: int = 65536,
@@ -252,14 +256,16 @@ class L2Announcer:
         Raises ValueError naming the first invalid address or interface list.
         """
         wanted: dict[str, tuple[str, ...]] = {}
+        known = self._vips  # its keys are canonical already: not parsed again (10,000 VIPs)
         for ip, ifs in vips.items():
-            try:
-                addr = ipaddress.ip_address(ip)
-            except ValueError:
-                raise ValueError(f"set_announced: {ip!r} is not an IP address") from None
+            if ip not in known:
+                try:
+                    ip = str(ipaddress.ip_address(ip))
+                except ValueError:
+                    raise ValueError(f"set_announced: {ip!r} is not an IP address") from None
             if isinstance(ifs, str) or not all(isinstance(i, str) and i for i in ifs):
                 raise ValueError(f"set_announced: interfaces of {ip} must be a list of names, got {ifs!r}")
-            wanted[str(addr)] = tuple(sorted(set(ifs)))
+            wanted[ip] = tuple(sorted(set(ifs))) if ifs else ()
         skip = set(canonical_ips(skip_check, "set_announced: skip_check entry"))
         with self._lock:
             named = {n for ifs in wanted.values() for n in ifs}
@@ -277,7 +283,7 @@ class L2Announcer:
                     self._vips[ip] = vip
                     vip.ifaces = set(self._resolve(vip))
                     if ip in skip or self.check_probes == 0:
-                        self._announce(vip, now)
+                        self._announce(vip, now, urgent=True)
                     else:
                         self._begin_check(vip, now)
                 elif vip.wanted != want_ifs:
@@ -317,6 +323,11 @@ class L2Announcer:
         with self._lock:
             return [dict(c) for c in self._conflicts.values()]
 
+    def macs(self) -> dict[str, str]:
+        """Interface -> the MAC it announces from (cheap: no per-VIP work)."""
+        with self._lock:
+            return {n: arp.mac_str(i.mac) for n, i in self._ifaces.items()}
+
     def stats(self) -> dict:
         """Interfaces, per-VIP state and the counters (also exported to Prometheus)."""
         with self._lock:
@@ -329,7 +340,8 @@ class L2Announcer:
                 "responses_sent": dict(self._counts["responses_sent"]),
                 "gratuitous_sent": dict(self._counts["gratuitous_sent"]),
                 "reannounced": dict(self._counts["reannounced"]),
-                "queued": {n: len(i.queue) for n, i in self._ifaces.items()},
+                "queued": {n: len(i.queue) + len(i.urgent) for n, i in self._ifaces.items()},
+                "queued_urgent": {n: len(i.urgent) for n, i in self._ifaces.items()},
                 "frames_sent": {n: dict(i.sent) for n, i in self._ifaces.items()},
                 "frames_dropped": {n: i.dropped for n, i in self._ifaces.items()},
                 "macs": {n: arp.mac_str(i.mac) for n, i in self._ifaces.items()},
@@ -363,20 +375,23 @@ class L2Announcer:
         self._checking[vip.packed] = vip
         self._schedule(now, "probe", vip, (0,))
 
-    def _announce(self, vip: _Vip, now: float) -> None:
+    def _announce(self, vip: _Vip, now: float, urgent: bool = False) -> None:
+        """Start answering and announcing ``vip``; ``urgent``: it was taken over (its first round goes
+        before any queued re-announcement)."""
         vip.state = "announcing"
         self._checking.pop(vip.packed, None)
         if self._conflicts.pop(vip.ip, None) is not None:
             self.log.info("ipConflictCleared", extra={"event": "ipConflictCleared", "ip": vip.ip})
         for name in vip.ifaces:
             self._start_answering(vip, name)
-        self._start_series(vip, now)
+        self._start_series(vip, now, urgent)
 
-    def _start_series(self, vip: _Vip, now: float) -> None:
+    def _start_series(self, vip: _Vip, now: float, urgent: bool = False) -> None:
         """A new gratuitous schedule on every interface of ``vip``; the rounds still due of any earlier one
-        are dropped, and so are its frames still queued (they would only repeat the new schedule's)."""
+        are dropped, and so are its frames still queued (they would only repeat the new schedule's).
+        ``urgent``: its first round goes in the urgent queue."""
         vip.series += 1
-        self._schedule(now, "garp", vip, (0, tuple(sorted(vip.ifaces)), vip.series))
+        self._schedule(now, "garp", vip, (0, tuple(sorted(vip.ifaces)), vip.series, urgent))
 
     def _start_answering(self, vip: _Vip, name: str) -> None:
         iface = self._ifaces.get(name)
@@ -432,7 +447,7 @@ class L2Announcer:
     def _join(self, iface: _Iface, group: bytes) -> None:
         iface.groups[group] += 1
         if iface.groups[group] == 1:
-            iface.queue.append(("", 0, group, "mcast", 0))
+            iface.urgent.append(("", 0, group, "mcast", 0))  # answering NS needs it: before re-announcements
 
     def _leave(self, iface: _Iface, group: bytes) -> None:
         if iface.groups[group] <= 0:
@@ -440,7 +455,7 @@ class L2Announcer:
         iface.groups[group] -= 1
         if iface.groups[group] == 0:
             del iface.groups[group]
-            iface.queue.append(("", 0, group, "mcast", 0))
+            iface.urgent.append(("", 0, group, "mcast", 0))  # the same queue as joins: their order is kept
 
     def _reconcile_group(self, iface: _Iface, group: bytes) -> bool:
         """Make the kernel membership of ``group`` match the wanted count; True if it changed."""
@@ -487,6 +502,7 @@ class L2Announcer:
         except Exception as exc:  # noqa: BLE001 - netlink hiccup: keep the current view
             self.log.warning("interfaceScanFailed", extra={"event": "interfaceScanFailed", "error": str(exc)})
             return
+        before = (self._info, self._eligible, {n: (i.index, i.mac) for n, i in self._ifaces.items()})
         self._info = info
         # edges (issue 8 defect 3): announceable = up and not a bridge port/bond slave/tap/NOARP
         self._eligible = sorted(n for n, i in info.items() if i.announceable and not EXCLUDED.match(n))
@@ -500,6 +516,9 @@ class L2Announcer:
                 self._close_iface(name)
         for name in sorted(needed - set(self._ifaces)):
             self._open_iface(info[name])
+        self._next_rescan = time.monotonic() + self.rescan_interval
+        if before == (info, self._eligible, {n: (i.index, i.mac) for n, i in self._ifaces.items()}):
+            return  # nothing changed: no pass over every VIP (a cost at 10,000 VIPs every rescan_interval)
         now = time.monotonic()
         for vip in self._vips.values():
             self._apply_ifaces(vip, set(self._resolve(vip)), now)
@@ -533,6 +552,7 @@ class L2Announcer:
                 pass
         iface.answer.clear()
         now = time.monotonic()
+        iface.urgent.clear()  # joins and takeover frames: the socket that would send them is gone
         for ip, gen, _frame, kind, _series in iface.queue:  # probes that will never leave: do not stall the check
             if kind == "mcast":
                 continue
@@ -572,7 +592,7 @@ class L2Announcer:
             if self._heap:
                 timeout = min(timeout, max(0.0, self._heap[0][0] - now))
             for iface in self._ifaces.values():
-                if iface.queue:
+                if iface.queue or iface.urgent:
                     timeout = min(timeout, max(0.0, (1.0 - iface.tokens) / self.rate))
             timeout = min(timeout, self._supervise(now))
             sel = self._sel
@@ -822,7 +842,8 @@ class L2Announcer:
             elif action == "recheck" and vip.state == "conflict":
                 self._begin_check(vip, now)
             elif action == "garp" and vip.state == "announcing":
-                rnd, names, series = arg
+                rnd, names, series = arg[:3]
+                urgent = rnd == 0 and len(arg) > 3 and arg[3]
                 if series != vip.series:
                     continue  # replaced by a newer schedule (reannounce)
                 for name in names:
@@ -831,14 +852,28 @@ class L2Announcer:
                         continue
                     frames = (arp.gratuitous(iface.mac, vip.packed) if vip.version == 4
                               else [ndp.unsolicited_na(iface.mac, vip.packed)])
-                    if len(iface.queue) + len(frames) > self.max_queue:
+                    if urgent:  # a takeover displaces queued re-announcements (newest first)
+                        self._make_room(iface, len(frames), now)
+                    if len(iface.queue) + len(iface.urgent) + len(frames) > self.max_queue:
                         # bounded: a round that does not fit is dropped (the next round comes anyway)
                         iface.dropped += len(frames)
                         continue
+                    target = iface.urgent if urgent else iface.queue
                     for frame in frames:
-                        iface.queue.append((ip, gen, frame, "gratuitous", series))
+                        target.append((ip, gen, frame, "gratuitous", series))
                 if rnd + 1 < self.garp_rounds:
                     self._schedule(now + self.garp_interval, "garp", vip, (rnd + 1, names, series))
+
+    def _make_room(self, iface: _Iface, frames: int, now: float) -> None:
+        """Drop queued non-urgent frames, newest first, until ``frames`` more fit in ``max_queue``."""
+        while iface.queue and len(iface.queue) + len(iface.urgent) + frames > self.max_queue:
+            ip, gen, _frame, kind, _series = iface.queue.pop()
+            iface.dropped += 1
+            vip = self._current(ip, gen)
+            if kind == "probe" and vip is not None and vip.state == "checking":
+                vip.probes_pending -= 1  # a probe that will never leave: do not stall the check
+                if vip.probes_pending <= 0:
+                    self._probe_sent(vip, now)
 
     def _probe_sent(self, vip: _Vip, now: float) -> None:
         """All frames of probe ``vip.probe_no`` left (pacing may delay them): time the next step from now."""
@@ -864,8 +899,8 @@ class L2Announcer:
             iface.tokens = min(float(self.burst), iface.tokens + (now - iface.refilled) * self.rate)
             iface.refilled = now
             budget = 512  # frames per loop pass, so receiving is never starved
-            while iface.queue and iface.tokens >= 1.0 and budget > 0:
-                ip, gen, frame, kind, series = iface.queue.popleft()
+            while (iface.urgent or iface.queue) and iface.tokens >= 1.0 and budget > 0:
+                ip, gen, frame, kind, series = (iface.urgent or iface.queue).popleft()
                 if kind == "mcast":
                     if self._reconcile_group(iface, frame):
                         budget -= 1

@@ -46,7 +46,17 @@ from typing import Any
 
 from prometheus_client import Counter
 
-from nocloudlb.core.election import NodeView, layer2_candidates, layer2_decision
+from nocloudlb.core.election import (
+    REASON_NO_ADVERTISEMENT,
+    REASON_NO_CANDIDATES,
+    REASON_NOT_OWNER,
+    NodeView,
+    _applicable,
+    _ineligibility,
+    election_key,
+    layer2_candidates,
+    preferred_scores,
+)
 
 from .. import logs
 from ..metadata import MAX_MACS
@@ -98,7 +108,9 @@ def with_l2(rows: list[VipRow], l2: L2View) -> list[VipRow]:
     for r in rows:
         state = l2.states.get(r.ip, "")
         conflict = l2.conflicts.get(r.ip)
-        if not r.announcing or not l2.known:
+        if not state and conflict is None and r.l2_state == "" and r.conflict is None and not r.announcing:
+            out.append(r)  # nothing to overlay (most rows at size): no copy
+        elif not r.announcing or not l2.known:
             out.append(replace(r, l2_state=state, conflict=conflict))
         elif state == "announcing":
             out.append(replace(r, l2_state=state, conflict=None))
@@ -109,6 +121,139 @@ def with_l2(rows: list[VipRow], l2: L2View) -> list[VipRow]:
         else:  # not (yet) taken by the announcer
             out.append(replace(r, announcing=False, reason="l2Pending", l2_state=state))
     return out
+
+
+def seen_key(r: VipRow, l2: L2View) -> tuple[bool, str]:
+    """(announcing, reason) of ``r`` as ``with_l2`` would show it, without copying the row."""
+    if not r.announcing or not l2.known:
+        return r.announcing, r.reason
+    state = l2.states.get(r.ip, "")
+    if state == "announcing":
+        return True, r.reason
+    if r.ip in l2.conflicts or state == "conflict":
+        return False, "ipConflict"
+    return False, "conflictCheck" if state == "checking" else "l2Pending"
+
+
+def _hash_order(names: tuple[str, ...], ip: str) -> tuple[str, ...]:
+    keys = {n: election_key(n, ip) for n in names}
+    return tuple(sorted(names, key=keys.__getitem__))
+
+
+def _best(candidates: list[str], scores: dict[str, int], ip: str) -> str:
+    """The leader among ``candidates`` under preferredNodeSelectors ``scores`` (election_order's rule)."""
+    def rank(n: str) -> tuple[int, bytes]:
+        return -scores.get(n, 0), election_key(n, ip)
+    return min(candidates, key=rank)
+
+
+@dataclass
+class _Group:
+    """What the election of every VIP of one kind of service shares, in one view: the services of a
+    pool whose advertisements select them alike, under the same policy (Local: one service)."""
+
+    applicable: list[Any]
+    candidates: list[str]
+    cand_set: frozenset[str]
+    scores: dict[str, int]
+    base_reason: str  # this node's reason when another node (or nobody) leads
+    ifaces: list[str]
+    mine: bool  # an advertisement of the pool selects this service and this node (the VIP goes on lo)
+
+
+class Election:
+    """``layer2_decision`` for every VIP of a config, computed once per kind of service and view rather
+    than once per VIP, with each VIP's hash order of the known nodes kept between views (a view
+    change costs one pass over the VIPs, no hashing; a node never seen before re-sorts them once).
+    Equal to ``layer2_decision`` VIP by VIP (tests/unit/speaker/test_speaker_scale_l2.py)."""
+
+    def __init__(self) -> None:
+        self._parsed: Any = None
+        # (ip, service, pool, ads, (pool, advertisements selecting the service, Local service key, service key))
+        self.entries: list[tuple[str, Any, str | None, tuple, tuple]] = []
+        self._known: tuple[str, ...] = ()
+        self._order: dict[str, tuple[str, ...]] = {}
+
+    def _plan(self, parsed: Any) -> None:
+        if parsed is self._parsed:
+            return
+        entries: list[tuple[str, Any, str | None, tuple, tuple]] = []
+        ads_of: dict[str, tuple] = {}
+        for svc in parsed.services:
+            local = svc.key if svc.traffic_policy == "Local" else None
+            for ip in svc.ingress_ips:
+                pool = parsed.pool_for_ip(ip)
+                if pool is None:
+                    entries.append((ip, svc, None, (), ()))
+                    continue
+                if pool.name not in ads_of:
+                    ads_of[pool.name] = tuple(parsed.l2_advertisements_for_pool(pool.name))
+                ads = ads_of[pool.name]
+                sel = tuple(id(a) for a in ads if a.selects_service(svc.labels))
+                entries.append((ip, svc, pool.name, ads, (pool.name, sel, local, svc.key)))
+        self.entries = entries
+        self._parsed = parsed
+        self._order = {}
+        self._known = ()
+
+    def _orders(self, names: list[str]) -> dict[str, tuple[str, ...]]:
+        if not set(names) <= set(self._known) or (self.entries and not self._order):
+            known = tuple(sorted(set(names) | set(self._known)))
+            self._order = {e[0]: _hash_order(known, e[0]) for e in self.entries if e[2] is not None}
+            self._known = known
+        return self._order
+
+    def decide(self, me: str, nodes: list[NodeView], parsed: Any
+               ) -> list[tuple[str, str, str | None, str | None, str, _Group | None]]:
+        """(ip, service key, pool, leader, reason, group) per VIP, reason as in ``layer2_decision``."""
+        self._plan(parsed)
+        mine = next((n for n in nodes if n.name == me), None)
+        my_labels = mine.labels if mine is not None else {}
+        order = self._orders([n.name for n in nodes])
+        groups: dict[tuple, _Group] = {}
+        out: list[tuple[str, str, str | None, str | None, str, _Group | None]] = []
+        for ip, svc, pool, ads, gkey in self.entries:
+            if pool is None:
+                out.append((ip, svc.key, None, None, "notInAnyPool", None))
+                continue
+            g = groups.get(gkey[:3])
+            if g is None:
+                applicable = _applicable(list(ads), svc)
+                cands = layer2_candidates(nodes, applicable, svc)
+                if not applicable:
+                    base = REASON_NO_ADVERTISEMENT
+                elif mine is None:
+                    base = REASON_NOT_OWNER
+                else:
+                    base = _ineligibility(mine, applicable, svc) or REASON_NOT_OWNER
+                my_ads = [a for a in ads if a.selects_service(svc.labels) and a.selects_node(my_labels)]
+                ifaces = [] if any(not a.interfaces for a in my_ads) else sorted(
+                    {i for a in my_ads for i in a.interfaces})
+                g = groups[gkey[:3]] = _Group(applicable, cands, frozenset(cands),
+                                          preferred_scores(nodes, applicable), base, ifaces, bool(my_ads))
+            if not g.cand_set:
+                winner = None
+            elif g.scores:
+                winner = _best(g.candidates, g.scores, ip)
+            else:
+                winner = next(n for n in order[ip] if n in g.cand_set)
+            if winner == me:
+                reason = ""
+            elif winner is None and g.base_reason == REASON_NOT_OWNER:
+                reason = REASON_NO_CANDIDATES
+            else:
+                reason = g.base_reason
+            out.append((ip, gkey[3], pool, winner, reason, g))
+        return out
+
+    def runner_up(self, me: str, g: _Group, ip: str) -> str | None:
+        """The leader of ``ip`` were ``me`` not a candidate (``layer2_decision`` over the other nodes)."""
+        rest = [c for c in g.candidates if c != me]
+        if not rest:
+            return None
+        if g.scores:
+            return _best(rest, g.scores, ip)
+        return next((n for n in self._order.get(ip, ()) if n in g.cand_set and n != me), None)
 
 
 def neighbour_table(ips: set[str]) -> dict[str, str]:
@@ -182,6 +327,13 @@ class L2Mode:
         # the ARP sysctls are wrong and cannot be set back: the kernel would answer for every IPv4
         # VIP on lo, so this node holds none there, announces none and publishes itself excluded
         self.arp_unsafe = False
+        self._election = Election()
+        self._applied: tuple | None = None  # the inputs of the last full apply (work only on change)
+        self._row_of: dict[tuple[str, str], tuple[tuple, VipRow]] = {}  # (service, ip) -> (decision, row)
+        self.applies = 0  # full applies (the election run), for tests and the scale benchmark
+        self.last_apply_ms = 0.0  # how long the last one took
+        self._meta_key: tuple | None = None
+        self._meta_used: set[str] = set()
 
     # -- Mode ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -192,72 +344,89 @@ class L2Mode:
     def apply(self, me: str, nodes: list[NodeView], parsed: Any) -> None:
         self.me = me
         gate = self.gate()
-        self._check_sysctls()
+        self._check_sysctls()  # every apply, the quiet ones too: re-set, or fail closed (arp_unsafe)
+        # work only on change: the same view, config, gate, lo set, suspecters and sysctl state as the
+        # last full apply, nothing waiting or under check, lo in sync: nothing else to do
+        other = frozenset(self.other_lo())
+        suspecters = self.suspecters()
+        key = (me, tuple((n.name, n.state, tuple(sorted(n.labels.items())), n.healthy) for n in nodes),
+               id(parsed), gate, other, suspecters, self.arp_unsafe)
+        if key == self._applied and not self._waiting and not self._busy and self._lo_wanted is not None:
+            return
+        self._applied = None
+        self.applies += 1
+        started = time.monotonic()
         states = {n.name: n.state for n in nodes}
-        my_view = next((n for n in nodes if n.name == me), NodeView(me, {}, "dead"))
         rows: list[VipRow] = []
         skip: set[str] = set()
         handed: dict[str, str] = {}
         announce: dict[str, list[str] | None] = {}
         lo: set[str] = set()
         candidates: dict[str, list[str]] = {}
-        suspecters = self.suspecters()
-        others = [n for n in nodes if n.name != me] if suspecters else []
         handed_wait: dict[str, float] = {}
-        for svc in parsed.services:
-            for ip in svc.ingress_ips:
-                pool = parsed.pool_for_ip(ip)
-                if pool is None:
-                    rows.append(VipRow(ip, svc.key, "", None, False, "notInAnyPool", [], False))
-                    continue
-                ads = parsed.l2_advertisements_for_pool(pool.name)
-                leader, reason = layer2_decision(me, nodes, ads, svc, ip)
-                if reason == "":
-                    candidates[ip] = layer2_candidates(nodes, ads, svc)
-                if reason == "" and suspecters:
+        announced_before = self._announced
+        old_rows = self._row_of
+        row_of: dict[tuple[str, str], tuple[tuple, VipRow]] = {}
+        changed: list[VipRow] = []  # rows new or different from the last apply's
+        for ip, skey, pool, leader, reason, g in self._election.decide(me, nodes, parsed):
+            if g is None:
+                rows.append(VipRow(ip, skey, "", None, False, reason, [], False))
+                continue
+            if reason == "":
+                candidates[ip] = g.candidates
+                if suspecters:
                     # a member that stopped hearing this node takes what it would lead without it:
                     # yield that VIP (one owner); take it back when it hears this node again
-                    nxt = layer2_decision(me, others, ads, svc, ip)[0]
+                    nxt = self._election.runner_up(me, g, ip)
                     if nxt in suspecters:
                         leader, reason = nxt, "suspectedByPeer"
-                if reason == "" and gate:
-                    reason = gate
-                if reason == "" and ip not in self._announced:
-                    # gained from a member we saw lead it (failover, drain, leave): skip the RFC 5227
-                    # check, it would only cost failover time. Otherwise (first start, a new VIP, a
-                    # restart that preempts) check: answers from members' MACs are a handover and
-                    # ignored (is_peer_mac), any other MAC is a conflict and never fought.
-                    before = self._leaders.get(ip)
-                    if before and before != me:
-                        skip.add(ip)
-                        if ip in self._yielded:
-                            pass  # taken back after a false suspicion: its connections never left this node
-                        elif states.get(before) == "alive":
-                            handed[ip] = before  # a planned move: its in-flight connections go on there
-                        elif states.get(before) == "unreachable":
-                            # only suspected (heartbeats stopped, gossip not sure): forward toward it too,
-                            # so a false suspicion resets nothing; wait less for the forwarding
-                            handed[ip] = before
-                            handed_wait[ip] = SUSPECT_WAIT
-                mine = [a for a in ads if a.selects_service(svc.labels) and a.selects_node(my_view.labels)]
-                ifaces = [] if any(not a.interfaces for a in mine) else sorted({i for a in mine for i in a.interfaces})
-                if mine:
-                    lo.add(ip)
-                if reason == "":
-                    prev = announce.get(ip)
-                    if prev is None:
-                        announce[ip] = ifaces
-                    elif prev and ifaces:
-                        announce[ip] = sorted(set(prev) | set(ifaces))
-                    else:
-                        announce[ip] = []
-                rows.append(VipRow(ip, svc.key, pool.name, leader, reason == "", reason, ifaces, bool(mine)))
+            if reason == "" and gate:
+                reason = gate
+            if reason == "" and ip not in announced_before:
+                # gained from a member we saw lead it (failover, drain, leave): skip the RFC 5227
+                # check, it would only cost failover time. Otherwise (first start, a new VIP, a
+                # restart that preempts) check: answers from members' MACs are a handover and
+                # ignored (is_peer_mac), any other MAC is a conflict and never fought.
+                before = self._leaders.get(ip)
+                if before and before != me:
+                    skip.add(ip)
+                    if ip in self._yielded:
+                        pass  # taken back after a false suspicion: its connections never left this node
+                    elif states.get(before) == "alive":
+                        handed[ip] = before  # a planned move: its in-flight connections go on there
+                    elif states.get(before) == "unreachable":
+                        # only suspected (heartbeats stopped, gossip not sure): forward toward it too,
+                        # so a false suspicion resets nothing; wait less for the forwarding
+                        handed[ip] = before
+                        handed_wait[ip] = SUSPECT_WAIT
+            ifaces = g.ifaces
+            if g.mine:
+                lo.add(ip)
+            if reason == "":
+                prev = announce.get(ip)
+                if prev is None:
+                    announce[ip] = ifaces
+                elif prev and ifaces:
+                    announce[ip] = sorted(set(prev) | set(ifaces))
+                else:
+                    announce[ip] = []
+            decided = (leader, reason, ifaces, g.mine, pool)
+            old = old_rows.get((skey, ip))
+            if old is not None and old[0] == decided:
+                row = old[1]
+            else:
+                row = VipRow(ip, skey, pool or "", leader, reason == "", reason, ifaces, g.mine)
+                changed.append(row)
+            row_of[(skey, ip)] = (decided, row)
+            rows.append(row)
         final = {ip: v or [] for ip, v in announce.items()}
         if self.arp_unsafe:  # fail closed: no IPv4 VIP announced (nor on lo, below) while the kernel may answer
             final = {ip: ifs for ip, ifs in final.items() if ":" in ip}
             for r in rows:
                 if r.announcing and ":" not in r.ip:
                     r.announcing, r.reason = False, "arpSysctlUnsafe"
+                    row_of.pop((r.service, r.ip), None)  # decided again next time (rows are reused only unchanged)
+                    changed.append(r)
 
         # 1. withdraw first: stop answering for what this node no longer leads, before anything slow
         kept = {ip: ifs for ip, ifs in self._announced.items() if ip in final}
@@ -282,7 +451,7 @@ class L2Mode:
 
         # 2. every VIP this node may serve on lo, before any of them is announced; the ARP sysctls
         # that keep the kernel from answering for them are checked (and re-set) every time
-        lo |= self.other_lo()
+        lo |= other
         if self.arp_unsafe:
             lo = {ip for ip in lo if ":" in ip}
         if lo != self._lo_wanted or not lo <= self._lo:
@@ -298,6 +467,8 @@ class L2Mode:
         for r in rows:
             if r.announcing and r.ip not in self._lo:
                 r.announcing, r.reason = False, "notOnLo"
+                row_of.pop((r.service, r.ip), None)  # decided again next time (rows are reused only unchanged)
+                changed.append(r)
 
         # 3. planned moves: forwarding first (in the forwarder's worker), then announce
         now = time.monotonic()
@@ -326,12 +497,19 @@ class L2Mode:
         self._candidates = candidates
         self._yielded = {r.ip for r in rows if r.reason == "suspectedByPeer"} | {
             r.ip for r in rows if r.ip in self._yielded and r.reason == "" and r.ip not in self._announced}
-        seen = with_l2(rows, self.l2_view())
-        self._busy = bool(self._waiting) or any(r.l2_state == "checking" and r.reason == "conflictCheck"
-                                                for r in seen)
-        self._log_changes(seen, me)
+        # log what changed: rows decided differently, and the rows this node wins (the L2 layer's
+        # state shows in them); the others are as they were logged before
+        l2 = self.l2_view()
+        watch = {id(r): r for r in changed}
+        watch.update((id(r), r) for r in rows if r.announcing)
+        seen = [(r, seen_key(r, l2)) for r in watch.values()]
+        self._busy = bool(self._waiting) or any(k == (False, "conflictCheck") for _r, k in seen)
+        self._log_seen(seen, me, present={(r.service, r.ip) for r in rows})
+        self._row_of = row_of
         with self._lock:
             self._rows = rows
+        self.last_apply_ms = round((time.monotonic() - started) * 1000, 1)
+        self._applied = key if self._lo_wanted is not None else None
 
     def _plan_handover(self, handed: dict[str, str], held: dict[str, list[str]], now: float,
                        waits: dict[str, float] | None = None) -> None:
@@ -380,6 +558,7 @@ class L2Mode:
         self.handover.forward_async(moves, done)
 
     def withdraw_all(self) -> None:
+        self._applied = None  # the next apply runs in full
         self.announcer.set_announced({})
         self._announced = {}
         self._waiting.clear()
@@ -400,8 +579,10 @@ class L2Mode:
             fwd = sorted(self._forwarding)
         return {"vips": [r.view() for r in rows],
                 "conflicts": sorted(l2.conflicts.values(), key=lambda c: c["ip"]),
-                "announced": sorted(self._announced), "forwarding": fwd,
-                "responder": getattr(self.announcer, "responder_status", dict)()}  # answer: alarm when not up
+                "announced": sorted(self._announced) if len(self._announced) <= 1000 else len(self._announced),
+                "forwarding": fwd,
+                "responder": getattr(self.announcer, "responder_status", dict)(),  # answer: alarm when not up
+                "applies": self.applies, "lastApplyMs": self.last_apply_ms}
 
     def close(self) -> None:
         try:
@@ -450,9 +631,17 @@ class L2Mode:
 
     def _macs_meta(self) -> dict[str, Any]:
         try:
-            st = self.announcer.stats()
-            macs = st.get("macs", {})
-            used = {i for ifs in (st.get("announced") or {}).values() for i in ifs}
+            # cheap (every reconcile, 10,000 VIPs): the announcer's MACs, and the interfaces in use from
+            # what it was given (all eligible ones when a VIP names none)
+            macs_of = getattr(self.announcer, "macs", None)
+            macs = macs_of() if macs_of is not None else self.announcer.stats().get("macs", {})
+            key = (id(self._announced), tuple(sorted(macs.items())))
+            if key != self._meta_key:
+                used: set[str] = set()
+                for ifs in self._announced.values():
+                    used.update(ifs if ifs else macs)
+                self._meta_key, self._meta_used = key, used
+            used = self._meta_used
         except (AttributeError, KeyError, TypeError):
             return {}
         # at most MAX_MACS travel: the interfaces VIPs are announced on first
@@ -514,23 +703,30 @@ class L2Mode:
         return with_l2(rows, l2), l2
 
     def _log_changes(self, rows: list[VipRow], me: str, reason: str = "") -> None:
-        seen: dict[tuple[str, str], tuple[bool, str]] = {}
-        for r in rows:
+        self._log_seen([(r, (r.announcing, r.reason)) for r in rows], me, reason)
+
+    def _log_seen(self, rows: list[tuple[VipRow, tuple[bool, str]]], me: str, reason: str = "",
+                  present: set[tuple[str, str]] | None = None) -> None:
+        """Log each row whose (announcing, reason) differs from the last logged. ``rows`` are all rows,
+        or (``present`` given: the keys of all rows) only those that may have changed."""
+        prev = self._prev
+        seen: dict[tuple[str, str], tuple[bool, str]] = {} if present is None else \
+            {k: v for k, v in prev.items() if k in present}
+        for r, now in rows:
             key = (r.service, r.ip)
-            now = (r.announcing, r.reason)
             seen[key] = now
-            before = self._prev.get(key)
+            before = prev.get(key)
             if before == now:
                 continue
-            if r.announcing:
+            if now[0]:
                 logs.event(log, "serviceAnnounced", service=r.service, ip=r.ip, node=me, pool=r.pool,
                            protocol="layer2", interfaces=r.interfaces or "all eligible")
-            elif before is None or before[0] or before[1] != r.reason:
+            elif before is None or before[0] or before[1] != now[1]:
                 withdrawn = bool(before and before[0])
                 logs.event(log, "serviceWithdrawn" if withdrawn else "serviceNotAnnounced",
                            level=logging.INFO if withdrawn else logging.DEBUG,
-                           service=r.service, ip=r.ip, reason=r.reason, leader=r.leader, node=me)
-        for key, was in self._prev.items():
+                           service=r.service, ip=r.ip, reason=now[1], leader=r.leader, node=me)
+        for key, was in prev.items():
             if key not in seen and was[0]:
                 logs.event(log, "serviceWithdrawn", service=key[0], ip=key[1], reason=reason or "serviceDeleted",
                            node=me)

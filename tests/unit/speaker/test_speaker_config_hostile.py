@@ -100,6 +100,7 @@ def test_holder_survives_an_unexpected_exception(tmp_path, monkeypatch):
         raise KeyError("surprise")
 
     monkeypatch.setattr("nocloudlb.config.parse", boom)
+    path.write_text(GOOD + "# edited\n")  # an unchanged file is not parsed again (digest first)
     ok2, cfg2 = holder.reload()
     assert not ok2 and cfg2 is cfg and "surprise" in holder.errors[0]
 
