@@ -180,8 +180,10 @@ class Speaker:
     # -- config ---------------------------------------------------------------------------
     def _load(self) -> tuple[bool, SpeakerConfig | None]:
         ok, cfg = self.holder.reload()
-        if ok and cfg is not None and self.holder.unchanged and cfg is self.cfg:
+        if (ok and cfg is not None and self.holder.unchanged and cfg is self.cfg
+                and not any(p.password_file for p in cfg.parsed.bgp_peers)):
             # the very file in use (digest first): only the key file may have changed beside it
+            # (files it names beside the key file, BGPPeer passwordFile, are read again below)
             if cfg.key_file:
                 try:
                     self.keys = read_key_file(cfg.key_file)
