@@ -235,7 +235,7 @@ def _cdf(row: dict) -> tuple[list[float], list[float]]:
         return s, [(i + 1) / len(s) for i in range(len(s))]
     pts = [(row[k], q) for k, q in (("p50_ms", 0.5), ("p90_ms", 0.9), ("p99_ms", 0.99), ("max_ms", 1.0))
            if row.get(k) is not None]
-    return [x for x, _ in pts], [q for _, q in pts]
+    return [x for x, _q in pts], [q for _x, q in pts]
 
 
 def png(results: list[dict], path: str) -> None:

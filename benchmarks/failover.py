@@ -188,7 +188,7 @@ def plot(results: dict[str, dict[str, list[float]]], path: Path) -> None:
         ax.boxplot(data, showfliers=True)
         ax.set_xticks(range(1, len(names) + 1), [n.replace(" ", "\n", 1) for n in names], fontsize=8)
         for i, d in enumerate(data, 1):
-            ax.scatter([i + random.uniform(-0.12, 0.12) for _ in d], d, s=8, alpha=0.5)
+            ax.scatter([i + random.uniform(-0.12, 0.12) for _v in d], d, s=8, alpha=0.5)
         ax.set_title(f"fault: {fault}")
         ax.set_xlabel("system / profile")
         ax.axhline(150, ls="--", lw=0.8, color="grey")

@@ -66,7 +66,7 @@ def run(profile: str, stress: str, minutes: float, loss: int, busy: int, workdir
                 seg.run(c.host(n).ns, ["nft", "-f", "-"], input=loss_rules(loss))
         else:
             leader = owners[sorted(vips)[0]]
-            procs = [seg.popen(c.host(leader).ns, [sys.executable, "-c", BUSY]) for _ in range(busy)]
+            procs = [seg.popen(c.host(leader).ns, [sys.executable, "-c", BUSY]) for _i in range(busy)]
         changes = 0
         polls = 0
         seen = dict(owners)

@@ -407,6 +407,7 @@ def false_failovers(systems: list[str], minutes: float, conditions: list[str], w
                                  else Keepalived(seg, workdir / key, vip, options))
                 run["macs"] = {n: seg.hosts[i].mac for i, n in enumerate(NODES)}
                 run["cap"] = Capture(seg, workdir / f"{key}.cap", expr="arp")
+
         def only_master(run: dict) -> bool:
             try:
                 return probe_macs(run["seg"], vip) == {run["macs"][master]}

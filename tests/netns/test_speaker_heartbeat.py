@@ -105,7 +105,7 @@ def test_wrongly_suspected_leader_keeps_its_connection_and_takes_the_vip_back(ma
     fwd = c.seg.run(c.host(second).ns, ["nft", "list", "map", "netdev", "nocloudlb_handover", "prev4"]).stdout
     assert ip in fwd and c.mac(first) in fwd, fwd
     # the client's ARP entry now points at the new owner; the connection still reaches the old one
-    for _ in range(3):
+    for _i in range(3):
         assert ask(hold) == first
         time.sleep(0.2)
 
@@ -113,7 +113,7 @@ def test_wrongly_suspected_leader_keeps_its_connection_and_takes_the_vip_back(ma
     block_heartbeats(c, first, False)
     c.wait(lambda: cap.gratuitous(ip, c.mac(first), t), 10, f"{first} takes {ip} back")
     c.wait(lambda: c.announcing(first, ip) and not c.announcing(second, ip), 5, "one owner again")
-    for _ in range(3):
+    for _i in range(3):
         macs = [a["mac"] for a in c.probe(ip)]
         if macs != [c.mac(first)]:
             import json
@@ -190,6 +190,6 @@ def test_kill9_leader_is_replaced_on_heartbeat_suspicion_before_gossip_declares_
     assert took < 1.5, took  # loose: the fast profile suspects after 100 ms
     c.wait(lambda: {m["name"]: m["state"] for m in c.status(second)["members"]}[first] == "dead", 10,
            "gossip declares it dead")
-    evs = [e for e in c.events(second) if e.get("node") == first and e.get("event") in ("nodeUnreachable",
-                                                                                          "nodeFailed")]
+    wanted = ("nodeUnreachable", "nodeFailed")
+    evs = [e for e in c.events(second) if e.get("node") == first and e.get("event") in wanted]
     assert [e["event"] for e in evs][:1] == ["nodeUnreachable"], evs  # the heartbeat suspected it first

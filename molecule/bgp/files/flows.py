@@ -39,7 +39,7 @@ def server(port):
 
 def client(vip, port, n, stop):
     conns = []
-    for _ in range(n):
+    for _i in range(n):
         s = socket.create_connection((vip, port), timeout=2)
         name = b""
         while not name.endswith(b"\n"):

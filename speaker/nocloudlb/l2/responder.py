@@ -191,7 +191,7 @@ class Responder:
     # -- frames -------------------------------------------------------------------------------
     def frames(self, port: _Port) -> None:
         sock, mac, answer, watch = port.sock, port.mac, port.answer, self.watch
-        for _ in range(64):
+        for _i in range(64):
             try:
                 data = sock.recv(2048)
             except (BlockingIOError, InterruptedError):

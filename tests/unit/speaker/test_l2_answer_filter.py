@@ -20,7 +20,7 @@ VIP4, VIP6 = "198.51.100.200", "2001:db8:1::200"
 def run(prog, frame: bytes, pkttype: int = 0, vlan: bool = False) -> int:
     """Interpret ``prog`` (LD W/H/B ABS with the pkttype and vlan ancillary loads, JEQ, JA, RET)."""
     a, pc = 0, 0
-    for _ in range(100000):
+    for _i in range(100000):
         code, jt, jf, k = prog[pc]
         k = k - (1 << 32) if k >= 1 << 31 else k
         if code in (bpf.LDW, bpf.LDH, bpf.LDB):

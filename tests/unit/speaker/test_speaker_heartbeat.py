@@ -95,9 +95,8 @@ def test_every_profile_validates_and_overrides_are_checked():
 
 
 def config_doc(**ml):
-    return {"node": {"name": "n1"}, "memberlist": {"bind": "198.51.100.11:7946", "join": [], "profile": "fast",
-                                                    **ml},
-            "resources": []}
+    memberlist = {"bind": "198.51.100.11:7946", "join": [], "profile": "fast", **ml}
+    return {"node": {"name": "n1"}, "memberlist": memberlist, "resources": []}
 
 
 def test_config_file_refuses_bad_heartbeat_timings_naming_the_field():
@@ -117,7 +116,7 @@ def test_config_file_refuses_bad_heartbeat_timings_naming_the_field():
 # -- the rule, with real sockets ---------------------------------------------------------------
 
 def free_udp_ports(n: int) -> list[int]:
-    socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(n)]
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _i in range(n)]
     for s in socks:
         s.bind(("127.0.0.1", 0))
     ports = [s.getsockname()[1] for s in socks]
@@ -156,6 +155,7 @@ def trio():
 
 def test_a_silent_member_is_suspected_by_the_others_and_is_cut_off_itself(trio):
     hbs, _ports, _connect = trio
+
     def everyone_heard() -> bool:
         return all(hb.status()["peers"] and all(p["heardMsAgo"] is not None for p in hb.status()["peers"].values())
                    for hb in hbs.values())
