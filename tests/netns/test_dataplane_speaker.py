@@ -58,7 +58,10 @@ def test_speakers_forward_dr_maglev_and_a_takeover_keeps_connections(make_segmen
         p.stdin.write("x\n")
         p.stdin.flush()
         after.append(p.stdout.readline().strip())
-    assert after == [first for _p, first in held]  # same real server for every established connection
-    st = cluster.status(other)["modes"]["dataplane"]
-    assert sum(b["packets"] for b in backends_of(st)) > 0  # the survivor forwarded them
+    # same real server for every established connection: Maglev gives the survivor the same choice,
+    # and while the killed speaker is only suspected (heartbeats stopped) its packets may also go on
+    # through the handover forwarding toward the old owner, whose kernel still forwards them
+    assert after == [first for _p, first in held]
     assert set(spread(requests(seg, 8))) == {"n3", "n4"}
+    st = cluster.status(other)["modes"]["dataplane"]
+    assert sum(b["packets"] for b in backends_of(st)) > 0  # new connections: the survivor forwards them

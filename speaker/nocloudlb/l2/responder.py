@@ -65,7 +65,8 @@ class _Port:
     sock: socket.socket
     arp_head: bytes  # reply bytes 6..32: our MAC, ARP reply header, our MAC again
     answer: set[bytes] = field(default_factory=set)
-    passes: set[bytes] | None = None  # what the attached filter passes (None: every request)
+    passes: set[bytes] | None = None  # targets the attached filter passes in requests (None: every request)
+    senders: set[bytes] | None = None  # senders it passes (the addresses watched by the conflict check)
     dirty: float = 0.0  # when a removal made the filter wider than needed
     program: tuple = ()
     rx: int = 0
@@ -126,7 +127,7 @@ class Responder:
         if op == "A":
             port, ip = self.ports[w[1]], bytes.fromhex(w[2])
             port.answer.add(ip)
-            if port.passes is not None and ip not in port.passes:
+            if port.passes is not None and ip not in port.passes:  # a watched address passes as a sender only
                 grown.add(port)
         elif op == "D":
             gone = self.ports.get(w[1])
@@ -136,7 +137,7 @@ class Responder:
         elif op == "W":
             ip = bytes.fromhex(w[1])
             self.watch.add(ip)
-            grown.update(p for p in self.ports.values() if p.passes is not None and ip not in p.passes)
+            grown.update(p for p in self.ports.values() if p.senders is not None and ip not in p.senders)
         elif op == "U":
             self.watch.discard(bytes.fromhex(w[1]))
             for p in self.ports.values():
@@ -178,14 +179,14 @@ class Responder:
     def refilter(self, port: _Port) -> None:
         prog = answer_program(port.answer, self.watch)
         if prog is ARP_NDP_PROGRAM or prog == ARP_NDP_PROGRAM:
-            passes = None
+            passes = senders = None
         else:
-            passes = set(port.answer) | self.watch
+            passes, senders = set(port.answer), set(self.watch)
         if prog != port.program:
             attach_filter(port.sock, prog)
             port.program = prog
             self.refilters += 1
-        port.passes = passes
+        port.passes, port.senders = passes, senders
         port.dirty = 0.0
 
     # -- frames -------------------------------------------------------------------------------

@@ -110,3 +110,33 @@ def test_jumps_stay_in_range_and_land_on_instructions():
             assert pc + 1 + k < len(prog)
     assert prog[-1][0] == bpf.RET
     assert struct.calcsize("HBBI") * len(prog) < 65536
+
+
+def test_an_address_watched_then_answered_gets_requests_for_it_through():
+    """The conflict check watches a VIP (its filter passes frames *from* it), then the VIP is answered:
+    the filter must be rebuilt to pass requests *for* it. Before the fix the responder took the watched
+    address as already passing and kept the old filter until a later clean-up (a VIP announced but
+    unanswered for up to a second)."""
+    import os
+    import socket
+
+    from nocloudlb.l2.responder import Responder
+
+    r_in, w_in = os.pipe()
+    r_out, w_out = os.pipe()
+    resp = Responder(r_in, w_out)
+    try:
+        os.write(w_in, f"I lo {socket.if_nametoindex('lo')} {MAC.replace(':', '')}\n".encode())
+        assert resp.control()
+        os.write(w_in, f"W {packed(VIP4).hex()}\n".encode())  # under the conflict check
+        assert resp.control()
+        port = resp.ports["lo"]
+        assert run(port.program, arp_req("198.51.100.2", sender=VIP4)) != 0  # a frame from it: seen
+        os.write(w_in, f"A lo {packed(VIP4).hex()}\n".encode())  # announced: answered from now on
+        assert resp.control()
+        assert run(port.program, arp_req(VIP4)) != 0  # a request for it reaches the responder
+    finally:
+        for port in list(resp.ports.values()):
+            port.sock.close()
+        for fd in (r_in, w_in, r_out, w_out):
+            os.close(fd)
