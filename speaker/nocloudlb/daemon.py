@@ -43,7 +43,7 @@ from .config import ConfigHolder, SpeakerConfig, now_iso, runtime_label_problem
 from .health import CheckSpec, HealthChecker
 from .heartbeat import Heartbeat
 from .l2.mode import L2View, VipRow
-from .membership import KeyFileError, Membership, MembershipSettings, read_key_file
+from .membership import KeyFileError, Membership, MembershipSettings, read_key_file, split_addr
 from .metadata import MAX_META, MetaCodec, PeerInfo
 from .modes import Mode, ModeRunner
 from .state import LabelStore
@@ -600,12 +600,16 @@ class Speaker:
 
     def _heartbeat_peers(self, members: list) -> None:
         assert self.heartbeat is not None and self.cfg is not None
-        offset = self.heartbeat.port - int(self.cfg.bind.rpartition(":")[2])
+        offset = self.heartbeat.port - split_addr(self.cfg.bind)[1]
         peers = {}
         for m in members:
-            host, _sep, port = m.addr.rpartition(":")
-            if m.name != self.cfg.node_name and m.state in ("alive", "suspect") and port.isdigit():
-                peers[m.name] = ((host.strip("[]"), int(port) + offset), m.state)
+            if m.name == self.cfg.node_name or m.state not in ("alive", "suspect"):
+                continue
+            try:
+                host, port = split_addr(m.addr)
+            except ValueError:
+                continue  # no port to offset: no heartbeat for it
+            peers[m.name] = ((host, port + offset), m.state)
         self.heartbeat.set_peers(peers)
 
     def _publish(self) -> None:

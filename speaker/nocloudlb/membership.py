@@ -202,7 +202,8 @@ def _norm(addr: str) -> str:
     return addr.strip().lower()
 
 
-def _split(addr: str) -> tuple[str, int]:
+def split_addr(addr: str) -> tuple[str, int]:
+    """``(host, port)`` of a gossip address "ip:port" or "[ip6]:port"; ValueError for a bad port."""
     host, dummy, port = addr.rpartition(":")
     return host.strip("[]"), int(port)
 
@@ -582,7 +583,7 @@ def _view(m: kinship.Member) -> MemberView:
 
 def _tcp_reachable(addr: str, timeout: float = 0.5) -> bool:
     try:
-        host, port = _split(addr)
+        host, port = split_addr(addr)
         with socket.create_connection((host, port), timeout=timeout):
             return True
     except (OSError, ValueError):

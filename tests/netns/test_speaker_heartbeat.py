@@ -81,12 +81,18 @@ def block_heartbeats(c: SpeakerCluster, name: str, on: bool) -> None:
         c.seg.run(ns, ["nft", "delete", "table", "inet", "hbblock"])
 
 
-def test_wrongly_suspected_leader_keeps_its_connection_and_takes_the_vip_back(make_segment, tmp_path):
+def started_cluster(make_segment, tmp_path) -> tuple[SpeakerCluster, str, str, str]:
+    """Three `fast` speakers started, a VIP each; one VIP with its leader and the next node in its order."""
     vips = spread_vips(NODES)
     ip = next(iter(vips))
     first, second = election_order(NODES, ip)[:2]
     c = SpeakerCluster(make_segment(hosts=3), tmp_path, profile="fast", resources=resources_for(vips))
     c.start_all()
+    return c, ip, first, second
+
+
+def test_wrongly_suspected_leader_keeps_its_connection_and_takes_the_vip_back(make_segment, tmp_path):
+    c, ip, first, second = started_cluster(make_segment, tmp_path)
     for n in NODES:
         c.seg.popen(c.host(n).ns, [sys.executable, "-u", "-c", ECHO, n])
     cap = Capture(c.seg, tmp_path / "cap.txt", expr="arp")
@@ -176,11 +182,7 @@ def test_packets_sent_per_node_do_not_grow_with_the_vips_it_leads(make_segment, 
 
 
 def test_kill9_leader_is_replaced_on_heartbeat_suspicion_before_gossip_declares_it_dead(make_segment, tmp_path):
-    vips = spread_vips(NODES)
-    ip = next(iter(vips))
-    first, second = election_order(NODES, ip)[:2]
-    c = SpeakerCluster(make_segment(hosts=3), tmp_path, profile="fast", resources=resources_for(vips))
-    c.start_all()
+    c, ip, first, second = started_cluster(make_segment, tmp_path)
     cap = Capture(c.seg, tmp_path / "cap.txt", expr="arp")
     time.sleep(0.5)
     t = c.stop(first, signal.SIGKILL)

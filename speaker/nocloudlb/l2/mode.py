@@ -443,6 +443,15 @@ class L2Mode:
         # Only then: that member takes it back without forwarding of its own (a planned move back
         # forwards the other way, and two forwardings toward each other would bounce packets)
         lost = [ip for ip in lost if ip not in self._fwd_suspect or self._fwd_to.get(ip) != new_leader.get(ip)]
+        # a member only suspected when this node took its VIPs and since confirmed gone (gossip: dead or
+        # left): nothing answers there any more, so its forwarding ends and this node serves them itself
+        with self._lock:
+            gone = [ip for ip in self._forwarding if ip in self._fwd_suspect
+                    and states.get(self._fwd_to.get(ip, "")) not in ("alive", "suspect", "unreachable")]
+            self._forwarding.difference_update(gone)
+            self._fwd_wanted.difference_update(gone)
+        self._fwd_suspect.difference_update(gone)
+        lost = sorted(set(lost) | set(gone))
         if lost and self.handover is not None:
             self.handover.stop_async(lost)
         for ip in [ip for ip in self._waiting if ip not in final]:
