@@ -123,6 +123,9 @@ def with_l2(rows: list[VipRow], l2: L2View) -> list[VipRow]:
     return out
 
 
+_PENDING = ((False, "conflictCheck"), (False, "l2Pending"))
+
+
 def seen_key(r: VipRow, l2: L2View) -> tuple[bool, str]:
     """(announcing, reason) of ``r`` as ``with_l2`` would show it, without copying the row."""
     if not r.announcing or not l2.known:
@@ -512,7 +515,9 @@ class L2Mode:
         watch = {id(r): r for r in changed}
         watch.update((id(r), r) for r in rows if r.announcing)
         seen = [(r, seen_key(r, l2)) for r in watch.values()]
-        self._busy = bool(self._waiting) or any(k == (False, "conflictCheck") for _r, k in seen)
+        # busy: a won VIP the announcer has not taken yet (RFC 5227 check, or not yet picked up): decide
+        # again soon even with nothing else changed, so its serviceAnnounced is logged when it is answered
+        self._busy = bool(self._waiting) or any(k in _PENDING for _r, k in seen)
         self._log_seen(seen, me, present={(r.service, r.ip) for r in rows})
         self._row_of = row_of
         with self._lock:

@@ -4,10 +4,11 @@ send nothing and re-announce nothing)."""
 
 from __future__ import annotations
 
+import logging
 import random
 
 import pytest
-from inproc_speaker import pool_docs, service_doc, vips_led, wait_for
+from inproc_speaker import announcer_of, pool_docs, service_doc, vips_led, wait_for
 from nocloudlb.core.election import DRAIN_LABEL, NodeView, layer2_decision
 from nocloudlb.core.schema import parse_resources
 from nocloudlb.l2.mode import Election
@@ -118,3 +119,37 @@ def test_an_unrelated_member_joining_moves_nothing_and_reannounces_nothing(harne
     sp._iteration(["change", "heal\tmemberJoined\tq"])
     assert sp.l2.applies > applies
     assert sp.journal[entries:] == [], sp.journal[entries:]
+
+
+def test_a_vip_the_announcer_takes_late_is_logged_announced_on_a_later_tick(harness, caplog):
+    """Work only on change must not lose the log: a VIP won while the announcer has not picked it up yet
+    (l2Pending) is logged ``serviceAnnounced`` once it answers, though nothing else changed since."""
+    caplog.set_level(logging.DEBUG)
+    vips = vips_led(["s", "p"], 2)
+    docs = pool_docs() + [service_doc(f"svc{i}", ip) for i, ip in enumerate(sorted(vips))]
+    sp = harness.speaker("s", docs, join=["p"], labels={"zone": "a"})
+    ann = announcer_of(sp)
+    pending = {"on": True}
+    real_stats = ann.stats
+
+    def stats() -> dict:
+        out = real_stats()
+        if pending["on"]:
+            out["vips"] = {ip: {"state": "", "interfaces": v["interfaces"]} for ip, v in out["vips"].items()}
+        return out
+
+    ann.stats = stats  # type: ignore[method-assign]
+    harness.peer("p", sp.codec.encode({"zone": "a"}, []), join=["s"])
+    wait_for(lambda: {m.name for m in sp.membership.members() if m.state == "alive"} == {"s", "p"}, 10, "join")
+    wait_for(sp.membership.first_join_done.is_set, 10, "first join")
+    sp.reconcile()
+    led = {ip for ip, n in vips.items() if n == "s"}
+    assert set(ann.current) == led
+
+    def announced() -> set[str]:
+        return {r.fields["ip"] for r in caplog.records if getattr(r, "event", "") == "serviceAnnounced"}
+
+    assert announced() == set()  # not answered yet: not logged as announced
+    pending["on"] = False  # the announcer answers now; nothing else changes
+    sp._iteration(["tick"])
+    assert announced() == led
