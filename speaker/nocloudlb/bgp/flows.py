@@ -14,16 +14,26 @@ Rules (one nftables table per family, replaced in one ``nft -f``)::
       set peers { type ether_addr; elements = { <the other nodes' MACs> } }
       chain pre {
         type filter hook prerouting priority -140; policy accept;   # after conntrack (-200)
-        ip daddr @vips tcp flags & syn == 0 ct state new ether saddr @peers drop   # a copy, not ours
-        ip daddr @vips tcp flags & syn == 0 ct state new limit rate R/second dup to A device D ... drop
+        ip daddr @vips tcp flags & syn == 0 ct state new goto unknown
+        ip daddr @vips tcp flags & (fin|rst) != 0 tcp flags & syn == 0 ct state invalid goto unknown
+      }
+      chain unknown {                                                # a segment of a flow not ours
+        ether saddr @peers drop                                      # a peer's copy: not ours either
+        limit rate R/second burst B packets dup to A device D ... drop
+        drop                                                         # over the limit: never a reset
       }
     }
 
 ``ct state new`` on a segment without SYN is a mid-stream segment of a flow this node never saw
-(conntrack's default ``nf_conntrack_tcp_loose=1`` picks it up as new). Copies go only to peers
-on the same link (``ip route get`` without a gateway) whose MAC the neighbour table knows; the
-rate limit bounds what a flood of spoofed segments can make a node send (over it, a segment is
-answered as without the handover: by a reset).
+(conntrack's default ``nf_conntrack_tcp_loose=1`` picks it up as new); a FIN or RST of such a
+flow is ``invalid`` instead (conntrack never picks a flow up from them), and is handed over too,
+so that a connection of a drained node also closes on it (a half-close waits for its answer).
+Copies go only to peers on the same link (``ip route get`` without a gateway) whose MAC the
+neighbour table knows. The rate limit bounds what a flood of spoofed segments can make a node
+send; its burst is one second of it, since a rehash moves many flows at the same instant (with
+nft's default burst of 5 segments, 12 segments in 0.4 ms after a drain went over it, and the
+segments over the limit were answered with resets: the drained node's connections that broke).
+Over the limit a segment is dropped, not reset: its sender sends it again and the copy goes then.
 """
 
 from __future__ import annotations
@@ -41,6 +51,7 @@ log = logging.getLogger("nocloudlb.bgp")
 
 FLOW_TABLE = "nocloudlb_bgp_flows"
 DEFAULT_RATE = 20000  # copied segments per second, per family
+DEFAULT_BURST = DEFAULT_RATE  # copied at once after a quiet time (one second's worth)
 REAPPLY = 30.0  # seconds: the tables are written again even when unchanged
 # a node label that turns the handover off on that node (any other value, or none: on)
 OFF_LABEL = "nocloud.io/bgp-flow-handover"
@@ -53,9 +64,13 @@ class Peer:
     device: str
 
 
-def flow_rules(vips: Iterable[str], peers: Iterable[Peer], rate: int = DEFAULT_RATE) -> str:
+def flow_rules(vips: Iterable[str], peers: Iterable[Peer], rate: int = DEFAULT_RATE,
+               burst: int | None = None) -> str:
     """The nft script that (re)creates the flow-handover tables for ``vips`` (and removes them when
-    there is nothing to hand over: no VIP or no peer of that family)."""
+    there is nothing to hand over: no VIP or no peer of that family). ``burst`` defaults to ``rate``."""
+    burst = rate if burst is None else burst
+    if rate < 1 or burst < 1:
+        raise ValueError(f"flow handover: rate {rate} and burst {burst} must be at least 1")
     vip_list = sorted({str(ipaddress.ip_address(v)) for v in vips}, key=lambda a: ipaddress.ip_address(a).packed)
     peer_list = sorted(set(peers), key=lambda p: (ipaddress.ip_address(p.address).version,
                                                   ipaddress.ip_address(p.address).packed))
@@ -75,8 +90,13 @@ def flow_rules(vips: Iterable[str], peers: Iterable[Peer], rate: int = DEFAULT_R
             f"  set peers {{ type ether_addr; elements = {{ {macs} }} }}\n"
             "  chain pre {\n"
             "    type filter hook prerouting priority -140; policy accept;\n"
-            f"    {l3} daddr @vips tcp flags & syn == 0 ct state new ether saddr @peers counter drop\n"
-            f"    {l3} daddr @vips tcp flags & syn == 0 ct state new limit rate {rate}/second counter {dups} drop\n"
+            f"    {l3} daddr @vips tcp flags & syn == 0 ct state new goto unknown\n"
+            f"    {l3} daddr @vips tcp flags & (fin | rst) != 0 tcp flags & syn == 0 ct state invalid goto unknown\n"
+            "  }\n"
+            "  chain unknown {\n"
+            "    ether saddr @peers counter drop\n"
+            f"    limit rate {rate}/second burst {burst} packets counter {dups} drop\n"
+            "    counter drop\n"
             "  }\n}")
     return "\n".join(out) + "\n"
 
@@ -113,10 +133,11 @@ class FlowHandover:
     """Keeps the flow-handover tables in line with the VIPs this node serves and its peers."""
 
     def __init__(self, peers: Iterable[str], run: Callable[[list[str], str | None], str],
-                 rate: int = DEFAULT_RATE) -> None:
+                 rate: int = DEFAULT_RATE, burst: int | None = None) -> None:
         self.addresses = list(dict.fromkeys(peers))
         self.run = run  # (argv, stdin) -> stdout; raises on failure
         self.rate = rate
+        self.burst = rate if burst is None else burst
         self.applied = ""
         self.applied_at = 0.0
         self.error = ""
@@ -127,7 +148,7 @@ class FlowHandover:
         if not self.addresses:
             return
         peers, skipped = resolve_peers(self.addresses, lambda argv: self.run(argv, None))
-        script = flow_rules(vips, peers, self.rate)
+        script = flow_rules(vips, peers, self.rate, self.burst)
         if script == self.applied and time.monotonic() - self.applied_at < REAPPLY:
             return  # unchanged; put back every REAPPLY s all the same (`nft flush ruleset` elsewhere)
         try:

@@ -72,3 +72,20 @@ def test_rules_load_replace_and_go(netns):
 def test_nothing_to_hand_over_renders_only_deletions():
     text = flow_rules(["203.0.113.10"], [])
     assert "dup" not in text and text.count("delete table") == 2
+
+
+def test_the_limit_has_a_burst_and_never_resets(netns):
+    # nft's default burst (5 segments) reset a drained node's connections at the rehash; over the
+    # limit a segment is dropped (its sender retransmits); FIN/RST of unknown flows (conntrack:
+    # invalid) are handed over too. The behaviour on the wire: tests/netns/test_bgp_flow_handover.py
+    run = runner(netns)
+    FlowHandover(["198.51.100.2"], run, rate=300).refresh({"203.0.113.10"})
+    chain = run(["nft", "list", "chain", "ip", FLOW_TABLE, "unknown"])
+    lines = [line.strip() for line in chain.splitlines() if "drop" in line]
+    assert lines[0].startswith("ether saddr @peers")
+    assert "limit rate 300/second burst 300 packets" in lines[1] and "dup to 198.51.100.2" in lines[1]
+    assert lines[2].startswith("counter") and lines[2].endswith("drop")
+    pre = run(["nft", "list", "chain", "ip", FLOW_TABLE, "pre"])
+    assert "ct state invalid goto unknown" in pre and "ct state new goto unknown" in pre
+    with pytest.raises(ValueError, match="rate 0"):
+        flow_rules(["203.0.113.10"], [], rate=0)
