@@ -475,7 +475,10 @@ def _minus(a: dict[tuple[str, int], dict[str, list[str]]],
     out: dict[tuple[str, int], dict[str, list[str]]] = {}
     for key, fams in a.items():
         other = b.get(key, {})
-        out[key] = {fam: [p for p in ps if p not in set(other.get(fam, []))] for fam, ps in fams.items()}
+        out[key] = {}
+        for fam, ps in fams.items():
+            keep = set(other.get(fam, ()))  # once per family: linear in the number of prefixes
+            out[key][fam] = [p for p in ps if p not in keep]
     return out
 
 
