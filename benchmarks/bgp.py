@@ -283,10 +283,11 @@ def main() -> int:
     ap.add_argument("--parts", default="withdrawal,config,scale", help="which parts to run (comma-separated)")
     ap.add_argument("--json", action="store_true", help="print only the JSON document")
     ap.add_argument("--out", help="also write the JSON document to this file")
+    ap.add_argument("--lab", default="bgpbench", help="the lab's name (default bgpbench)")
     a = ap.parse_args()
     parts = set(a.parts.split(","))
     result: dict = {"conditions": conditions()}
-    lab = labctl.Lab("bgpbench")
+    lab = labctl.Lab(a.lab)
     lab.down()
     lab.up(TOPOLOGY)
     b = None
