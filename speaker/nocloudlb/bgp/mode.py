@@ -271,8 +271,7 @@ class BgpMode:
             return False
         if self._applied is not None and self._desired.text == self._applied.text:
             return False
-        if _minus(self._announced, self._desired.networks) and any(
-                p for fams in _minus(self._announced, self._desired.networks).values() for p in fams.values()):
+        if _any(_minus(self._announced, self._desired.networks)):
             return True  # withdrawals never wait
         return self._failures == 0 or time.monotonic() >= self._next_retry
 
@@ -323,11 +322,19 @@ class BgpMode:
         staged = self.frr.staged()
         tested = False
         try:
+            # --test only reads FRR's running config: outside the lock, so a withdrawal waits at
+            # most for the --reload itself (only this thread writes the staged file)
+            self.frr.write(desired.text, staged)
+            self.frr.test(staged)
+            tested = True
             with self._frr_lock:
-                self.frr.write(desired.text, staged)
-                self.frr.test(staged)
-                tested = True
+                with self._cond:
+                    newest = self._desired
+                if newest is not desired and newest is not None and _any(_minus(desired.networks, newest.networks)):
+                    return  # a newer config withdraws some of these (drain, withdraw_all): never re-announce them
                 self.frr.reload(staged)
+                with self._cond:  # before the lock goes: a withdrawal waiting for it sees these networks
+                    self._announced = desired.networks
         except (FrrError, OSError) as exc:
             with self._cond:
                 self._failures += 1
@@ -348,7 +355,6 @@ class BgpMode:
         with self._cond:
             recovered = self._failures > 0
             self._applied = desired
-            self._announced = desired.networks
             self._failures = 0
             self._reload_error = ""
             self._reloads += 1
@@ -480,6 +486,10 @@ def _minus(a: dict[tuple[str, int], dict[str, list[str]]],
             keep = set(other.get(fam, ()))  # once per family: linear in the number of prefixes
             out[key][fam] = [p for p in ps if p not in keep]
     return out
+
+
+def _any(nets: dict[tuple[str, int], dict[str, list[str]]]) -> bool:
+    return any(ps for fams in nets.values() for ps in fams.values())
 
 
 def _updates_sent(neighbors: Any) -> dict[str, int]:
