@@ -105,8 +105,8 @@ def _frr_policy(text: str):
             else:
                 net = ipaddress.ip_network(rest[0])
                 ge = int(rest[rest.index("ge") + 1]) if "ge" in rest else net.prefixlen
-                le = int(rest[rest.index("le") + 1]) if "le" in rest else (net.max_prefixlen if "ge" in rest
-                                                                          else net.prefixlen)
+                default_le = net.max_prefixlen if "ge" in rest else net.prefixlen
+                le = int(rest[rest.index("le") + 1]) if "le" in rest else default_le
                 lists.setdefault(words[2], []).append((action, net, ge, le))
         elif line.startswith("route-map ") and words[1].endswith("-out"):
             current = [int(words[3]), words[2], None, []]
@@ -199,7 +199,7 @@ def test_an_aggregate_wider_than_the_range_is_listed_exactly():
 def test_random_configs_send_exactly_the_decision_and_nothing_outside_the_pools():
     rng = random.Random(9)
     checked = 0
-    for _ in range(80):
+    for _round in range(80):
         pools = [pool("a", "203.0.113.0/27"), pool("b", "203.0.113.32-203.0.113.50"), pool("c", "2001:db8:5::/120")]
         peers = [peer("p1", myASN=64512, peerASN=64500, peerAddress="198.51.100.1", dualStackAddressFamily=True),
                  peer("p2", myASN=64512, peerASN=64512, peerAddress="198.51.100.2"),
