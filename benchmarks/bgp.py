@@ -165,38 +165,40 @@ def withdrawals(b: Bench, runs: int) -> dict[str, list[float | None]]:
                                                           "node frozen", "link down")}
     n1 = NODES["n1"]
 
-    def ready() -> None:
+    def ready(after: str = "start") -> None:
         b.apply(cfg)
         if not wait_for(lambda: b.hops(VIP) == both, 120, 0.2):
-            raise SystemExit(f"not back to two next hops: {b.hops(VIP)}")
+            raise SystemExit(f"after {after}: not back to two next hops: {b.hops(VIP)}; n1 session at the "
+                             f"router {b.session(n1)}; n1's mode {json.dumps(b.modes['n1'].status())[:3000]}; "
+                             f"n1's networks {b.lab.exec('n1', ['vtysh', '-c', 'show running-config']).stdout[-1500:]}")
         wait_for(lambda: b.modes["n1"].status()["frr"]["healthy"] is True, 20, 0.1)
         if not wait_for(lambda: b.bfd_up(n1), 60, 0.2):  # a fault on a node whose BFD is not up measures the hold time
             raise SystemExit(f"BFD with {n1} not up at the router")
         time.sleep(1.0)
 
     for _run in range(runs):
-        ready()
+        ready("link down (previous run)" if _run else "start")
         b.apply(cfg, drained=("n1",), wait=False)
         out["drain"].append(until(lambda: n1 not in b.hops(VIP), 10))
-        ready()
+        ready("drain")
         t0 = time.monotonic()
         b.modes["n1"].withdraw_all()
         gone = wait_for(lambda: n1 not in b.hops(VIP), 10)
         out["SIGTERM (withdraw_all)"].append(round(time.monotonic() - t0, 3) if gone else None)
-        ready()
+        ready("withdraw_all")
         bgpd = b.lab.exec("n1", ["cat", "/run/frr/bgpd.pid"]).stdout.strip()
         b.lab.exec("n1", ["kill", "-STOP", bgpd])
         out["bgpd frozen"].append(until(lambda: n1 not in b.hops(VIP), 15))
         b.lab.exec("n1", ["kill", "-CONT", bgpd])
-        ready()
+        ready("bgpd frozen")
         fault = b.lab.fault_freeze("n1")
         out["node frozen"].append(until(lambda: n1 not in b.hops(VIP), 15))
         b.lab.undo(fault["id"])
-        ready()
+        ready("node frozen")
         fault = b.lab.fault_link_down("n1")
         out["link down"].append(until(lambda: n1 not in b.hops(VIP), 15))
         b.lab.undo(fault["id"])
-    ready()
+    ready("link down")
     return out
 
 
