@@ -175,7 +175,8 @@ class BgpMode:
                               "peerASN": p.peer_asn or p.dynamic_asn, "state": s.get("state", "unknown"),
                               "uptimeMsec": s.get("uptimeMsec", 0), "prefixesSent": s.get("prefixesSent", 0),
                               "bfd": p.bfd_profile, "routes": routes.get(p.name, [])})
-            pending = self._desired is not None and (self._applied is None or self._desired.text != self._applied.text)
+            pending = self._desired is not None and (self._applied is None or self._desired.text != self._applied.text
+                                                     or _any(_minus(self._desired.networks, self._announced)))
             return {
                 "peers": peers,
                 # per VIP, keyed by address; not "vips", which the speaker's status keeps for the
@@ -236,7 +237,8 @@ class BgpMode:
         """Wait until the desired config is the applied one (tests, benchmarks)."""
         deadline = time.monotonic() + timeout
         with self._cond:
-            while self._desired is not None and (self._applied is None or self._applied.text != self._desired.text):
+            while self._desired is not None and (self._applied is None or self._applied.text != self._desired.text
+                                                 or _any(_minus(self._desired.networks, self._announced))):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
@@ -270,7 +272,10 @@ class BgpMode:
         if self._desired is None:
             return False
         if self._applied is not None and self._desired.text == self._applied.text:
-            return False
+            # the same config, but networks withdrawn by vtysh since its reload (a drain undone
+            # before the drained config was reloaded) must be announced again: reload it
+            return _any(_minus(self._desired.networks, self._announced)) and (
+                self._failures == 0 or time.monotonic() >= self._next_retry)
         if _any(_minus(self._announced, self._desired.networks)):
             return True  # withdrawals never wait
         return self._failures == 0 or time.monotonic() >= self._next_retry
