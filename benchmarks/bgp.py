@@ -11,10 +11,14 @@ figures is the polling itself).
   node link down; ``--runs`` each;
 - config change (a new service) to the route at the router, with the session's
   connectionsEstablished and uptime before and after (no reset);
-- N VIPs (IPv6 pool, 10/100/1,000): decision + render time, frr-reload time, time until the
-  router has all N, bgpd's memory on the node and on the router, the router's table.
+- N VIPs (IPv6 pool, 10/100/1,000/2,000 in turn): decision + render time, frr-reload time, time
+  until the router has received all N from both nodes and has all N with two next hops in its
+  kernel table, bgpd's and zebra's memory on a node and on the router; then all withdrawn at once.
 
-    sudo .venv/bin/python benchmarks/bgp.py --runs 3 [--json]
+    sudo .venv/bin/python benchmarks/bgp.py --runs 3 [--sizes 10,100,1000,2000] [--parts scale]
+        [--json] [--out FILE]
+
+The JSON document carries the run's conditions (start and end time, load average, commit).
 """
 
 from __future__ import annotations
@@ -161,38 +165,40 @@ def withdrawals(b: Bench, runs: int) -> dict[str, list[float | None]]:
                                                           "node frozen", "link down")}
     n1 = NODES["n1"]
 
-    def ready() -> None:
+    def ready(after: str = "start") -> None:
         b.apply(cfg)
         if not wait_for(lambda: b.hops(VIP) == both, 120, 0.2):
-            raise SystemExit(f"not back to two next hops: {b.hops(VIP)}")
+            raise SystemExit(f"after {after}: not back to two next hops: {b.hops(VIP)}; n1 session at the "
+                             f"router {b.session(n1)}; n1's mode {json.dumps(b.modes['n1'].status())[:3000]}; "
+                             f"n1's networks {b.lab.exec('n1', ['vtysh', '-c', 'show running-config']).stdout[-1500:]}")
         wait_for(lambda: b.modes["n1"].status()["frr"]["healthy"] is True, 20, 0.1)
         if not wait_for(lambda: b.bfd_up(n1), 60, 0.2):  # a fault on a node whose BFD is not up measures the hold time
             raise SystemExit(f"BFD with {n1} not up at the router")
         time.sleep(1.0)
 
     for _run in range(runs):
-        ready()
+        ready("link down (previous run)" if _run else "start")
         b.apply(cfg, drained=("n1",), wait=False)
         out["drain"].append(until(lambda: n1 not in b.hops(VIP), 10))
-        ready()
+        ready("drain")
         t0 = time.monotonic()
         b.modes["n1"].withdraw_all()
         gone = wait_for(lambda: n1 not in b.hops(VIP), 10)
         out["SIGTERM (withdraw_all)"].append(round(time.monotonic() - t0, 3) if gone else None)
-        ready()
+        ready("withdraw_all")
         bgpd = b.lab.exec("n1", ["cat", "/run/frr/bgpd.pid"]).stdout.strip()
         b.lab.exec("n1", ["kill", "-STOP", bgpd])
         out["bgpd frozen"].append(until(lambda: n1 not in b.hops(VIP), 15))
         b.lab.exec("n1", ["kill", "-CONT", bgpd])
-        ready()
+        ready("bgpd frozen")
         fault = b.lab.fault_freeze("n1")
         out["node frozen"].append(until(lambda: n1 not in b.hops(VIP), 15))
         b.lab.undo(fault["id"])
-        ready()
+        ready("node frozen")
         fault = b.lab.fault_link_down("n1")
         out["link down"].append(until(lambda: n1 not in b.hops(VIP), 15))
         b.lab.undo(fault["id"])
-    ready()
+    ready("link down")
     return out
 
 
@@ -212,62 +218,116 @@ def config_change(b: Bench) -> dict:
             "reset": after.get("connectionsEstablished") != before.get("connectionsEstablished")}
 
 
+def router_table(b: Bench) -> tuple[int, int]:
+    """The router's IPv6 BGP routes in its kernel table, and how many of them have both nodes as next hops."""
+    out = b.lab.exec("r1", ["ip", "-j", "-6", "route", "show", "proto", "bgp"], timeout=30).stdout
+    routes = json.loads(out or "[]")
+    return len(routes), sum(1 for r in routes if len(r.get("nexthops", [])) >= len(NODES))
+
+
+def received(b: Bench) -> int:
+    """The fewest IPv6 prefixes the router has received from one node (each node announces them all)."""
+    peers = b.vt("r1", "show bgp ipv6 unicast summary json").get("peers", {})
+    return min((int(p.get("pfxRcd", 0) or 0) for p in peers.values()), default=0) if len(peers) >= len(NODES) else 0
+
+
 def scale(b: Bench, sizes: list[int]) -> list[dict]:
+    """For each size N (in turn, so each step adds the VIPs beyond the previous size): the time to
+    decide and render, frr-reload's time on a node, the time until the router has all N prefixes
+    from both nodes and all N routes with two next hops in its kernel table, and the daemons' memory.
+    At the end every VIP is withdrawn at once and the time until the router's table is empty measured."""
     rows = []
     for n in sizes:
         cfg = docs(n_v6=n)
         t0 = time.monotonic()
         render_s = b.apply(cfg, wait=False)
-        for m in b.modes.values():
-            m.wait_applied(300)
+        applied = all(m.wait_applied(600) for m in b.modes.values())
         applied_s = time.monotonic() - t0
-        got = wait_for(lambda n=n: max((p.get("pfxRcd", 0) for p in b.vt("r1", "show bgp ipv6 unicast summary json")
-                                        .get("peers", {}).values()), default=0) >= n, 300, 0.2)
-        routes_s = time.monotonic() - t0
-        table = len(b.lab.exec("r1", ["ip", "-6", "route", "show", "proto", "bgp"]).stdout.split("\n")) - 1
+        got = wait_for(lambda n=n: received(b) >= n, 300, 0.2)
+        received_s = time.monotonic() - t0
+        full = wait_for(lambda n=n: router_table(b)[1] >= n, 300, 0.2)
+        table_s = time.monotonic() - t0
+        total, ecmp = router_table(b)
+        status = b.modes["n1"].status()["config"]
         rows.append({"vips": n, "decide+render (s)": round(render_s, 3),
-                     "reload (s)": round(b.modes["n1"].status()["config"]["lastReloadSeconds"], 3),
-                     "applied on both nodes (s)": round(applied_s, 3),
-                     "router has all (s)": round(routes_s, 3) if got else None,
-                     "bgpd RSS node (MiB)": round(b.rss_kib("n1") / 1024, 1),
-                     "bgpd RSS router (MiB)": round(b.rss_kib("r1") / 1024, 1),
-                     "zebra RSS router (MiB)": round(b.rss_kib("r1", "zebra") / 1024, 1),
-                     "router kernel routes (IPv6, bgp)": table})
+                     "reload on n1 (s)": round(status["lastReloadSeconds"], 3),
+                     "reload failures": status["failures"],
+                     "applied on both nodes (s)": round(applied_s, 3) if applied else None,
+                     "router received all from both (s)": round(received_s, 3) if got else None,
+                     "router kernel has all, 2 next hops (s)": round(table_s, 3) if full else None,
+                     "router kernel routes (IPv6 bgp)": total, "with 2 next hops": ecmp,
+                     "bgpd RSS n1 (MiB)": round(b.rss_kib("n1") / 1024, 1),
+                     "zebra RSS n1 (MiB)": round(b.rss_kib("n1", "zebra") / 1024, 1),
+                     "bgpd RSS r1 (MiB)": round(b.rss_kib("r1") / 1024, 1),
+                     "zebra RSS r1 (MiB)": round(b.rss_kib("r1", "zebra") / 1024, 1)})
+        print("scale:", json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    t0 = time.monotonic()
+    b.apply(docs(n_v6=0), wait=False)
+    gone = wait_for(lambda: router_table(b)[0] == 0, 300, 0.2)
+    rows.append({"vips": f"withdraw all {sizes[-1]}", "router kernel empty (s)":
+                 round(time.monotonic() - t0, 3) if gone else None})
     return rows
+
+
+def conditions() -> dict:
+    try:
+        commit = os.popen(f"git -C {HERE} rev-parse --short HEAD 2>/dev/null").read().strip()
+    except OSError:
+        commit = ""
+    return {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": commit,
+            "loadavg": os.getloadavg()}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--sizes", default="10,100,1000")
-    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--parts", default="withdrawal,config,scale", help="which parts to run (comma-separated)")
+    ap.add_argument("--json", action="store_true", help="print only the JSON document")
+    ap.add_argument("--out", help="also write the JSON document to this file")
+    ap.add_argument("--lab", default="bgpbench", help="the lab's name (default bgpbench)")
     a = ap.parse_args()
-    lab = labctl.Lab("bgpbench")
+    parts = set(a.parts.split(","))
+    result: dict = {"conditions": conditions()}
+    lab = labctl.Lab(a.lab)
     lab.down()
     lab.up(TOPOLOGY)
     b = None
     try:
         lab.exec("r1", ["vtysh"] + [x for line in ROUTER for x in ("-c", line)], timeout=30)
         b = Bench(lab)
-        result = {"withdrawal": withdrawals(b, a.runs), "config_change": config_change(b),
-                  "scale": scale(b, [int(s) for s in a.sizes.split(",")])}
+        if "withdrawal" in parts:
+            result["withdrawal"] = withdrawals(b, a.runs)
+        if "config" in parts:
+            result["config_change"] = config_change(b)
+        if "scale" in parts:
+            result["scale"] = scale(b, [int(s) for s in a.sizes.split(",")])
     finally:
         if b is not None:
             b.close()
         lab.down()
+    result["conditions"]["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    result["conditions"]["loadavg_end"] = os.getloadavg()
+    if a.out:
+        with open(a.out, "w", encoding="utf-8") as fh:
+            json.dump(result, fh, indent=1)
     if a.json:
         print(json.dumps(result, indent=1))
         return 0
+    print("conditions:", json.dumps(result["conditions"]))
     print("withdrawal of n1's next hop at the router (s), BFD 100 ms x 3, timers 3/9")
     print("| event | runs | min | median | max |\n| --- | --- | --- | --- | --- |")
-    for event, times in result["withdrawal"].items():
+    for event, times in result.get("withdrawal", {}).items():
         ok = [t for t in times if t is not None]
         print(f"| {event} | {len(times)} | {min(ok):.3f} | {statistics.median(ok):.3f} | {max(ok):.3f} |"
               if ok else f"| {event} | {len(times)} | - | - | - |")
-    print("\nconfig change:", json.dumps(result["config_change"]))
-    print("\n| " + " | ".join(result["scale"][0]) + " |\n|" + " --- |" * len(result["scale"][0]))
-    for row in result["scale"]:
-        print("| " + " | ".join(str(v) for v in row.values()) + " |")
+    print("\nconfig change:", json.dumps(result.get("config_change")))
+    rows = result.get("scale", [])
+    if rows:
+        print("\n| " + " | ".join(rows[0]) + " |\n|" + " --- |" * len(rows[0]))
+        for row in rows[:-1]:
+            print("| " + " | ".join(str(v) for v in row.values()) + " |")
+        print(json.dumps(rows[-1]))
     print("\nJSON " + json.dumps(result))
     return 0
 

@@ -230,3 +230,45 @@ def test_withdraw_all_is_done_when_it_returns(blab, modes):
     assert wait_for(lambda: next_hops(blab, VIP) == {"198.51.100.12"}, 2, step=0.01), next_hops(blab, VIP)
     print(f"WITHDRAW-ALL returned after {returned:.3f} s, gone at the router after {time.monotonic() - t0:.3f} s")
     assert session(blab, "198.51.100.11")["state"] == "Established"
+
+
+def _networks(lab: labctl.Lab, host: str) -> list[str]:
+    text = lab.exec(host, ["vtysh", "-c", "show running-config"], timeout=30).stdout
+    return [line.split()[1] for line in text.splitlines() if line.startswith("  network ")]
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.35, 0.7])
+def test_withdraw_all_while_a_reload_runs_leaves_nothing_announced(blab, modes, delay):
+    """withdraw_all at several moments of a reload of 40 new services (debounce, --test, --reload):
+    when it returns FRR has no network, and the reload it overtook never announces them again."""
+    services = tuple(f"s{i}" for i in range(40))
+    apply(modes, docs(), wait=True)
+    nodes = [NodeView("n1")]
+    modes["n1"].apply("n1", nodes, docs(services=services))
+    time.sleep(delay)
+    modes["n1"].withdraw_all()
+    assert _networks(blab, "n1") == []
+    time.sleep(3.0)  # the worker's next rounds: nothing comes back
+    assert _networks(blab, "n1") == []
+    assert modes["n1"].wait_applied(30)
+    assert not wait_for(lambda: "198.51.100.11" in next_hops(blab, "203.0.113.49"), 1)
+
+
+def test_drain_undone_before_its_reload_announces_again(blab, modes):
+    """Drain withdraws at once (vtysh) and reloads after the debounce; an undrain that comes
+    before that reload gives back the config FRR last reloaded: the withdrawn network must come
+    back all the same (the benchmark found n1 left out for good)."""
+    apply(modes, docs())
+    assert wait_for(lambda: next_hops(blab, VIP) == {"198.51.100.11", "198.51.100.12"}, 30)
+    for m in modes.values():
+        m.debounce = 2.0  # the undrain surely lands before the drained config's reload
+    try:
+        apply(modes, docs(), drained=("n1",), wait=False)
+        assert wait_for(lambda: next_hops(blab, VIP) == {"198.51.100.12"}, 10, step=0.01), next_hops(blab, VIP)
+        apply(modes, docs(), wait=False)
+        assert modes["n1"].wait_applied(30), modes["n1"].status()
+        assert wait_for(lambda: next_hops(blab, VIP) == {"198.51.100.11", "198.51.100.12"}, 10), (
+            next_hops(blab, VIP), _networks(blab, "n1"))
+    finally:
+        for m in modes.values():
+            m.debounce = 0.2

@@ -175,7 +175,8 @@ class BgpMode:
                               "peerASN": p.peer_asn or p.dynamic_asn, "state": s.get("state", "unknown"),
                               "uptimeMsec": s.get("uptimeMsec", 0), "prefixesSent": s.get("prefixesSent", 0),
                               "bfd": p.bfd_profile, "routes": routes.get(p.name, [])})
-            pending = self._desired is not None and (self._applied is None or self._desired.text != self._applied.text)
+            pending = self._desired is not None and (self._applied is None or self._desired.text != self._applied.text
+                                                     or _any(_minus(self._desired.networks, self._announced)))
             return {
                 "peers": peers,
                 # per VIP, keyed by address; not "vips", which the speaker's status keeps for the
@@ -236,7 +237,8 @@ class BgpMode:
         """Wait until the desired config is the applied one (tests, benchmarks)."""
         deadline = time.monotonic() + timeout
         with self._cond:
-            while self._desired is not None and (self._applied is None or self._applied.text != self._desired.text):
+            while self._desired is not None and (self._applied is None or self._applied.text != self._desired.text
+                                                 or _any(_minus(self._desired.networks, self._announced))):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
@@ -270,9 +272,11 @@ class BgpMode:
         if self._desired is None:
             return False
         if self._applied is not None and self._desired.text == self._applied.text:
-            return False
-        if _minus(self._announced, self._desired.networks) and any(
-                p for fams in _minus(self._announced, self._desired.networks).values() for p in fams.values()):
+            # the same config, but networks withdrawn by vtysh since its reload (a drain undone
+            # before the drained config was reloaded) must be announced again: reload it
+            return _any(_minus(self._desired.networks, self._announced)) and (
+                self._failures == 0 or time.monotonic() >= self._next_retry)
+        if _any(_minus(self._announced, self._desired.networks)):
             return True  # withdrawals never wait
         return self._failures == 0 or time.monotonic() >= self._next_retry
 
@@ -323,11 +327,19 @@ class BgpMode:
         staged = self.frr.staged()
         tested = False
         try:
+            # --test only reads FRR's running config: outside the lock, so a withdrawal waits at
+            # most for the --reload itself (only this thread writes the staged file)
+            self.frr.write(desired.text, staged)
+            self.frr.test(staged)
+            tested = True
             with self._frr_lock:
-                self.frr.write(desired.text, staged)
-                self.frr.test(staged)
-                tested = True
+                with self._cond:
+                    newest = self._desired
+                if newest is not desired and newest is not None and _any(_minus(desired.networks, newest.networks)):
+                    return  # a newer config withdraws some of these (drain, withdraw_all): never re-announce them
                 self.frr.reload(staged)
+                with self._cond:  # before the lock goes: a withdrawal waiting for it sees these networks
+                    self._announced = desired.networks
         except (FrrError, OSError) as exc:
             with self._cond:
                 self._failures += 1
@@ -348,7 +360,6 @@ class BgpMode:
         with self._cond:
             recovered = self._failures > 0
             self._applied = desired
-            self._announced = desired.networks
             self._failures = 0
             self._reload_error = ""
             self._reloads += 1
@@ -475,8 +486,15 @@ def _minus(a: dict[tuple[str, int], dict[str, list[str]]],
     out: dict[tuple[str, int], dict[str, list[str]]] = {}
     for key, fams in a.items():
         other = b.get(key, {})
-        out[key] = {fam: [p for p in ps if p not in set(other.get(fam, []))] for fam, ps in fams.items()}
+        out[key] = {}
+        for fam, ps in fams.items():
+            keep = set(other.get(fam, ()))  # once per family: linear in the number of prefixes
+            out[key][fam] = [p for p in ps if p not in keep]
     return out
+
+
+def _any(nets: dict[tuple[str, int], dict[str, list[str]]]) -> bool:
+    return any(ps for fams in nets.values() for ps in fams.values())
 
 
 def _updates_sent(neighbors: Any) -> dict[str, int]:
