@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import errno
 import heapq
-import ipaddress
 import logging
 import os
 import selectors
@@ -68,6 +67,7 @@ from prometheus_client import REGISTRY, CollectorRegistry
 
 from . import arp, ndp
 from .addresses import canonical_ips
+from .addresses import parse as parse_ip
 from .bpf import ARP_NDP_PROGRAM, DROP_ALL, attach_filter, open_packet_socket, set_link_multicast
 from .interfaces import EXCLUDED, Interface, interfaces
 from .metrics import l2_metrics
@@ -257,12 +257,14 @@ class L2Announcer:
         """
         wanted: dict[str, tuple[str, ...]] = {}
         known = self._vips  # its keys are canonical already: not parsed again (10,000 VIPs)
+        parsed: dict[str, tuple[bytes, int]] = {}
         for ip, ifs in vips.items():
             if ip not in known:
                 try:
-                    ip = str(ipaddress.ip_address(ip))
+                    ip, packed, version = parse_ip(ip)
                 except ValueError:
                     raise ValueError(f"set_announced: {ip!r} is not an IP address") from None
+                parsed[ip] = (packed, version)
             if isinstance(ifs, str) or not all(isinstance(i, str) and i for i in ifs):
                 raise ValueError(f"set_announced: interfaces of {ip} must be a list of names, got {ifs!r}")
             wanted[ip] = tuple(sorted(set(ifs))) if ifs else ()
@@ -278,8 +280,8 @@ class L2Announcer:
                 vip = self._vips.get(ip)
                 if vip is None:
                     self._gen += 1
-                    addr = ipaddress.ip_address(ip)
-                    vip = _Vip(ip, addr.packed, addr.version, want_ifs, self._gen)
+                    packed, version = parsed[ip]
+                    vip = _Vip(ip, packed, version, want_ifs, self._gen)
                     self._vips[ip] = vip
                     vip.ifaces = set(self._resolve(vip))
                     if ip in skip or self.check_probes == 0:
@@ -327,6 +329,12 @@ class L2Announcer:
         """Interface -> the MAC it announces from (cheap: no per-VIP work)."""
         with self._lock:
             return {n: arp.mac_str(i.mac) for n, i in self._ifaces.items()}
+
+    def vip_states(self) -> tuple[dict[str, str], list[dict]]:
+        """ip -> state of every address given, and the conflicts: what the decision path reads after each
+        change (cheap next to ``stats()``, which copies every counter and interface list)."""
+        with self._lock:
+            return {ip: v.state for ip, v in self._vips.items()}, [dict(c) for c in self._conflicts.values()]
 
     def stats(self) -> dict:
         """Interfaces, per-VIP state and the counters (also exported to Prometheus)."""
