@@ -270,10 +270,16 @@ class L2Announcer:
                 except ValueError:
                     raise ValueError(f"set_announced: {ip!r} is not an IP address") from None
                 parsed[ip] = (packed, version)
+            if type(ifs) is list and not ifs:  # the usual case (every eligible interface): nothing to check
+                wanted[ip] = ()
+                continue
             if isinstance(ifs, str) or not all(isinstance(i, str) and i for i in ifs):
                 raise ValueError(f"set_announced: interfaces of {ip} must be a list of names, got {ifs!r}")
             wanted[ip] = tuple(sorted(set(ifs))) if ifs else ()
-        skip = set(canonical_ips(skip_check, "set_announced: skip_check entry"))
+        # an entry that is a key of ``wanted`` is canonical already: not parsed again
+        skips = list(skip_check)
+        skip = {ip for ip in skips if ip in wanted}
+        skip.update(canonical_ips([ip for ip in skips if ip not in wanted], "set_announced: skip_check entry"))
         with self._lock:
             named = {n for ifs in wanted.values() for n in ifs}
             if self._thread is not None and any(n not in self._ifaces for n in named):
