@@ -393,12 +393,16 @@ def main() -> int:
     ap.add_argument("--start-timeout", type=float, default=300.0)
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--plots", help="write PNGs into this directory (e.g. docs/images)")
+    ap.add_argument("--keep", help="work in this directory and keep it (the speakers' logs) instead of a temporary one")
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("scale: needs root (network namespaces)", file=sys.stderr)
         return 2
     results = []
-    with tempfile.TemporaryDirectory(prefix="scale-") as tmp:
+    if args.keep:
+        os.makedirs(args.keep, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="scale-") as scratch:
+        tmp = args.keep or scratch
         for n in [int(x) for x in args.vips.split(",") if x]:
             t = time.time()
             res = run_size(n, args, Path(tmp))

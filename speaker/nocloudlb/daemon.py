@@ -38,7 +38,7 @@ from nocloudlb.core.bgp import read_password_files  # mode: bgp
 from nocloudlb.core.election import DRAIN_LABEL, NodeView
 from nocloudlb.core.errors import ConfigError
 
-from . import logs, sdnotify
+from . import logs, memory, sdnotify
 from .config import ConfigHolder, SpeakerConfig, now_iso, runtime_label_problem
 from .health import CheckSpec, HealthChecker
 from .heartbeat import Heartbeat
@@ -205,6 +205,7 @@ class Speaker:
         return ok, cfg
 
     _last_good_at = ""
+    _settled: Any = None  # the parsed config whose objects memory.settle() froze
     _previous_local: list[str] | None = None  # Local-policy services of the config run before this one
 
     def _apply_config(self, cfg: SpeakerConfig, first: bool) -> None:
@@ -650,6 +651,9 @@ class Speaker:
         self._ensure_modes(cfg)
         for m in self.modes:
             m.apply(cfg.node_name, nodes, cfg.parsed)
+        if self._settled is not cfg.parsed:  # issue 10: no full collection over the config in a reconcile
+            self._settled = cfg.parsed
+            memory.settle()
 
     # -- control ---------------------------------------------------------------------------
     def handle(self, req: dict) -> dict:

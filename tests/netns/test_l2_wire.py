@@ -323,8 +323,9 @@ def test_probe_reports_every_mac_with_latency(lab):
 def test_pacing_bounds_rate_per_interface(make_segment, tmp_path):
     """2,000 VIPs gained at once: gratuitous frames leave at <= rate/s (+ burst), answers are not delayed.
 
-    The 1,500 multicast joins (each makes the kernel send MLD reports) take tokens from the
-    same bucket, so the whole takeover lasts (1,500 + 2,500) / rate = 4 s here.
+    The 1,500 multicast joins (the kernel packs their records into a few MLD reports) take
+    MCAST_COST (1/32) of a token each from the same bucket, so the takeover lasts about
+    (1,500 / 32 + 2,500) / rate = 2.5 s here.
     """
     seg = make_segment(hosts=1)
     n1 = seg.hosts[0]

@@ -46,6 +46,7 @@ from pyroute2.netlink.exceptions import NetlinkError
 
 from ..state import atomic_write
 from .addresses import canonical_ips
+from .addresses import parse as parse_ip
 
 SYSCTLS = {
     "net.ipv4.conf.all.arp_ignore": "1",
@@ -192,9 +193,9 @@ def check_host(root: str = "/proc/sys") -> list[str]:
     return problems
 
 
-def _sort_key(ip: str) -> tuple[int, int]:
-    addr = ipaddress.ip_address(ip)
-    return (addr.version, int(addr))
+def _sort_key(ip: str) -> tuple[int, bytes]:
+    _text, packed, version = parse_ip(ip)  # (version, packed): the order of (version, int(address))
+    return (version, packed)
 
 
 def _read_state(path: Path) -> set[str]:
@@ -204,7 +205,7 @@ def _read_state(path: Path) -> set[str]:
         return set()
     except ValueError:
         return set()  # unreadable record: only IPv4 labels identify our addresses then
-    return {str(ipaddress.ip_address(ip)) for ip in data.get("managed", [])}
+    return {parse_ip(ip)[0] for ip in data.get("managed", [])}
 
 
 def _write_state(path: Path, managed: set[str]) -> None:
@@ -237,7 +238,7 @@ def _present_ip(ip_cmd: str) -> dict[str, str]:
     for link in links:
         for a in link.get("addr_info", []):
             if a.get("local"):
-                present[str(ipaddress.ip_address(a["local"]))] = a.get("label") or ""
+                present[parse_ip(a["local"])[0]] = a.get("label") or ""
     return present
 
 

@@ -150,6 +150,28 @@ def _best(candidates: list[str], scores: dict[str, int], ip: str) -> str:
     return min(candidates, key=rank)
 
 
+def _first(order: tuple[str, ...], cands: frozenset[str], scores: dict[str, int]) -> str | None:
+    """The leader among ``cands`` for a VIP whose hash order of the known nodes is ``order``."""
+    if not cands:
+        return None
+    if scores:
+        top = max(scores.get(n, 0) for n in cands)
+        return next((n for n in order if n in cands and scores.get(n, 0) == top), None)
+    return next((n for n in order if n in cands), None)
+
+
+@dataclass
+class VipClass:
+    """VIPs decided alike in every view (``Election.classes``): entries ``idxs`` (their ``ips``)."""
+
+    gkey: tuple | None  # the group's key; None: VIPs in no pool
+    order: tuple[str, ...]
+    idxs: list[int]
+    ips: list[str]
+    ipset: frozenset[str] = frozenset()
+    decided: tuple | None = None  # the last apply's decision for these VIPs (L2Mode)
+
+
 @dataclass
 class _Group:
     """What the election of every VIP of one kind of service shares, in one view: the services of a
@@ -176,6 +198,7 @@ class Election:
         self.entries: list[tuple[str, Any, str | None, tuple, tuple]] = []
         self._known: tuple[str, ...] = ()
         self._order: dict[str, tuple[str, ...]] = {}
+        self._classes: list[VipClass] | None = None
 
     def _plan(self, parsed: Any) -> None:
         if parsed is self._parsed:
@@ -198,13 +221,90 @@ class Election:
         self._parsed = parsed
         self._order = {}
         self._known = ()
+        self._classes = None
 
     def _orders(self, names: list[str]) -> dict[str, tuple[str, ...]]:
         if not set(names) <= set(self._known) or (self.entries and not self._order):
             known = tuple(sorted(set(names) | set(self._known)))
-            self._order = {e[0]: _hash_order(known, e[0]) for e in self.entries if e[2] is not None}
+            interned: dict[tuple[str, ...], tuple[str, ...]] = {}  # one tuple per distinct order
+            self._order = {e[0]: interned.setdefault(o, o)
+                           for e in self.entries if e[2] is not None for o in (_hash_order(known, e[0]),)}
             self._known = known
+            self._classes = None
         return self._order
+
+    def _partition(self) -> list[VipClass]:
+        """The entries cut into classes: same kind of service (group) and same hash order of the known
+        nodes. Every VIP of a class is decided alike in every view (see ``classes``)."""
+        if self._classes is None:
+            by_key: dict[tuple, VipClass] = {}
+            for i, (ip, _svc, pool, _ads, gkey) in enumerate(self.entries):
+                key = (gkey[:3], self._order[ip]) if pool is not None else (None, ())
+                cls = by_key.get(key)
+                if cls is None:
+                    cls = by_key[key] = VipClass(key[0], key[1], [], [])
+                cls.idxs.append(i)
+                cls.ips.append(ip)
+            for cls in by_key.values():
+                cls.ipset = frozenset(cls.ips)
+            self._classes = list(by_key.values())
+        return self._classes
+
+    def classes(self, me: str, nodes: list[NodeView], parsed: Any
+                ) -> list[tuple[VipClass, str | None, str, _Group | None]]:
+        """``decide`` by class: (class, leader, reason, group) for every class of VIPs. The work is per
+        class, not per VIP: with S kinds of service and N known nodes there are at most S x N! classes
+        (a handful at 10,000 VIPs on three nodes), so a view change costs no pass over the VIPs.
+
+        Why a class decides alike: ``layer2_decision``'s leader is the candidate with the highest
+        preferredNodeSelectors score, ties broken by the hash order of (node, VIP); every candidate
+        is a known node, so that is the first candidate of the VIP's hash order of the known nodes
+        among those with the highest score, the same for every VIP of the class. Equal to ``decide``
+        VIP by VIP (tests/unit/speaker/test_speaker_scale_l2.py)."""
+        self._plan(parsed)
+        mine = next((n for n in nodes if n.name == me), None)
+        my_labels = mine.labels if mine is not None else {}
+        self._orders([n.name for n in nodes])
+        groups: dict[tuple, _Group] = {}
+        out: list[tuple[VipClass, str | None, str, _Group | None]] = []
+        for cls in self._partition():
+            if cls.gkey is None:
+                out.append((cls, None, "notInAnyPool", None))
+                continue
+            g = groups.get(cls.gkey)
+            if g is None:
+                _ip, svc, _pool, ads, _k = self.entries[cls.idxs[0]]
+                g = groups[cls.gkey] = self._group(svc, ads, nodes, mine, my_labels)
+            winner = _first(cls.order, g.cand_set, g.scores)
+            if winner == me:
+                reason = ""
+            elif winner is None and g.base_reason == REASON_NOT_OWNER:
+                reason = REASON_NO_CANDIDATES
+            else:
+                reason = g.base_reason
+            out.append((cls, winner, reason, g))
+        return out
+
+    @staticmethod
+    def _group(svc: Any, ads: tuple, nodes: list[NodeView], mine: NodeView | None,
+               my_labels: dict[str, str]) -> _Group:
+        applicable = _applicable(list(ads), svc)
+        cands = layer2_candidates(nodes, applicable, svc)
+        if not applicable:
+            base = REASON_NO_ADVERTISEMENT
+        elif mine is None:
+            base = REASON_NOT_OWNER
+        else:
+            base = _ineligibility(mine, applicable, svc) or REASON_NOT_OWNER
+        my_ads = [a for a in ads if a.selects_service(svc.labels) and a.selects_node(my_labels)]
+        ifaces = [] if any(not a.interfaces for a in my_ads) else sorted(
+            {i for a in my_ads for i in a.interfaces})
+        return _Group(applicable, cands, frozenset(cands), preferred_scores(nodes, applicable), base, ifaces,
+                      bool(my_ads))
+
+    def class_runner_up(self, me: str, g: _Group, cls: VipClass) -> str | None:
+        """``runner_up`` for every VIP of ``cls``."""
+        return _first(cls.order, g.cand_set - {me}, g.scores)
 
     def decide(self, me: str, nodes: list[NodeView], parsed: Any
                ) -> list[tuple[str, str, str | None, str | None, str, _Group | None]]:
@@ -221,19 +321,7 @@ class Election:
                 continue
             g = groups.get(gkey[:3])
             if g is None:
-                applicable = _applicable(list(ads), svc)
-                cands = layer2_candidates(nodes, applicable, svc)
-                if not applicable:
-                    base = REASON_NO_ADVERTISEMENT
-                elif mine is None:
-                    base = REASON_NOT_OWNER
-                else:
-                    base = _ineligibility(mine, applicable, svc) or REASON_NOT_OWNER
-                my_ads = [a for a in ads if a.selects_service(svc.labels) and a.selects_node(my_labels)]
-                ifaces = [] if any(not a.interfaces for a in my_ads) else sorted(
-                    {i for a in my_ads for i in a.interfaces})
-                g = groups[gkey[:3]] = _Group(applicable, cands, frozenset(cands),
-                                          preferred_scores(nodes, applicable), base, ifaces, bool(my_ads))
+                g = groups[gkey[:3]] = self._group(svc, ads, nodes, mine, my_labels)
             if not g.cand_set:
                 winner = None
             elif g.scores:
@@ -332,7 +420,10 @@ class L2Mode:
         self.arp_unsafe = False
         self._election = Election()
         self._applied: tuple | None = None  # the inputs of the last full apply (work only on change)
-        self._row_of: dict[tuple[str, str], tuple[tuple, VipRow]] = {}  # (service, ip) -> (decision, row)
+        # the last apply's rows, one per entry of the election's plan (``_rows_for``), reused by class
+        self._rows_idx: list[VipRow] = []
+        self._rows_for: Any = None
+        self._stale: set[int] = set()  # rows the last apply changed in place (notOnLo...): built again
         self.applies = 0  # full applies (the election run), for tests and the scale benchmark
         self.last_apply_ms = 0.0  # how long the last one took
         self._meta_key: tuple | None = None
@@ -360,7 +451,6 @@ class L2Mode:
         self.applies += 1
         started = time.monotonic()
         states = {n.name: n.state for n in nodes}
-        rows: list[VipRow] = []
         skip: set[str] = set()
         handed: dict[str, str] = {}
         announce: dict[str, list[str] | None] = {}
@@ -368,67 +458,85 @@ class L2Mode:
         candidates: dict[str, list[str]] = {}
         handed_wait: dict[str, float] = {}
         announced_before = self._announced
-        old_rows = self._row_of
-        row_of: dict[tuple[str, str], tuple[tuple, VipRow]] = {}
+        decisions = self._election.classes(me, nodes, parsed)
+        entries = self._election.entries  # (re)planned for this config
+        reuse = self._rows_for is entries
+        rows: list[VipRow] = list(self._rows_idx) if reuse else [None] * len(entries)  # type: ignore[list-item]
+        stale = self._stale if reuse else set()  # rows changed in place by the last apply: built again
         changed: list[VipRow] = []  # rows new or different from the last apply's
-        for ip, skey, pool, leader, reason, g in self._election.decide(me, nodes, parsed):
+        decided_now: list[tuple[VipClass, tuple]] = []
+        for cls, leader, reason, g in decisions:
             if g is None:
-                rows.append(VipRow(ip, skey, "", None, False, reason, [], False))
+                decided: tuple = (None, reason)
+                if not reuse or cls.decided != decided:
+                    for i in cls.idxs:
+                        ip, svc = entries[i][0], entries[i][1]
+                        rows[i] = VipRow(ip, svc.key, "", None, False, reason, [], False)
+                        changed.append(rows[i])
+                decided_now.append((cls, decided))
                 continue
             if reason == "":
-                candidates[ip] = g.candidates
+                candidates.update(dict.fromkeys(cls.ips, g.candidates))
                 if suspecters:
                     # a member that stopped hearing this node takes what it would lead without it:
                     # yield that VIP (one owner); take it back when it hears this node again
-                    nxt = self._election.runner_up(me, g, ip)
+                    nxt = self._election.class_runner_up(me, g, cls)
                     if nxt in suspecters:
                         leader, reason = nxt, "suspectedByPeer"
             if reason == "" and gate:
                 reason = gate
-            if reason == "" and ip not in announced_before:
-                # gained from a member we saw lead it (failover, drain, leave): skip the RFC 5227
-                # check, it would only cost failover time. Otherwise (first start, a new VIP, a
-                # restart that preempts) check: answers from members' MACs are a handover and
-                # ignored (is_peer_mac), any other MAC is a conflict and never fought.
-                before = self._leaders.get(ip)
-                if before and before != me:
-                    skip.add(ip)
-                    if ip in self._yielded:
-                        pass  # taken back after a false suspicion: its connections never left this node
-                    elif states.get(before) == "alive":
-                        handed[ip] = before  # a planned move: its in-flight connections go on there
-                    elif states.get(before) == "unreachable":
-                        # only suspected (heartbeats stopped, gossip not sure): forward toward it too,
-                        # so a false suspicion resets nothing; wait less for the forwarding
-                        handed[ip] = before
-                        handed_wait[ip] = SUSPECT_WAIT
+            if reason == "":
+                # only the VIPs this node did not announce before: gained from a member we saw lead it
+                # (failover, drain, leave): skip the RFC 5227 check, it would only cost failover time.
+                # Otherwise (first start, a new VIP, a restart that preempts) check: answers from
+                # members' MACs are a handover and ignored (is_peer_mac), any other MAC is a conflict
+                # and never fought.
+                for ip in cls.ipset.difference(announced_before):
+                    before = self._leaders.get(ip)
+                    if before and before != me:
+                        skip.add(ip)
+                        if ip in self._yielded:
+                            pass  # taken back after a false suspicion: its connections never left this node
+                        elif states.get(before) == "alive":
+                            handed[ip] = before  # a planned move: its in-flight connections go on there
+                        elif states.get(before) == "unreachable":
+                            # only suspected (heartbeats stopped, gossip not sure): forward toward it too,
+                            # so a false suspicion resets nothing; wait less for the forwarding
+                            handed[ip] = before
+                            handed_wait[ip] = SUSPECT_WAIT
             ifaces = g.ifaces
             if g.mine:
-                lo.add(ip)
+                lo.update(cls.ips)
             if reason == "":
-                prev = announce.get(ip)
-                if prev is None:
-                    announce[ip] = ifaces
-                elif prev and ifaces:
-                    announce[ip] = sorted(set(prev) | set(ifaces))
-                else:
-                    announce[ip] = []
-            decided = (leader, reason, ifaces, g.mine, pool)
-            old = old_rows.get((skey, ip))
-            if old is not None and old[0] == decided:
-                row = old[1]
+                if announce.keys().isdisjoint(cls.ipset):
+                    announce.update(dict.fromkeys(cls.ips, ifaces))
+                else:  # a VIP shared with services of another kind: every interface either asks for
+                    for ip in cls.ips:
+                        prev = announce.get(ip)
+                        if prev is None:
+                            announce[ip] = ifaces
+                        elif prev and ifaces:
+                            announce[ip] = sorted(set(prev) | set(ifaces))
+                        else:
+                            announce[ip] = []
+            decided = (leader, reason, ifaces, g.mine)
+            if reuse and cls.decided == decided:
+                redo: Any = stale.intersection(cls.idxs) if stale else ()  # rows unchanged: reused, not built
             else:
-                row = VipRow(ip, skey, pool or "", leader, reason == "", reason, ifaces, g.mine)
-                changed.append(row)
-            row_of[(skey, ip)] = (decided, row)
-            rows.append(row)
+                redo = cls.idxs
+            for i in redo:
+                ip, svc, pool = entries[i][0], entries[i][1], entries[i][2]
+                rows[i] = VipRow(ip, svc.key, pool or "", leader, reason == "", reason, ifaces, g.mine)
+                changed.append(rows[i])
+            decided_now.append((cls, decided))
+        new_stale: set[int] = set()
         final = {ip: v or [] for ip, v in announce.items()}
         if self.arp_unsafe:  # fail closed: no IPv4 VIP announced (nor on lo, below) while the kernel may answer
             final = {ip: ifs for ip, ifs in final.items() if ":" in ip}
-            for r in rows:
+            for i, r in enumerate(rows):
                 if r.announcing and ":" not in r.ip:
                     r.announcing, r.reason = False, "arpSysctlUnsafe"
-                    row_of.pop((r.service, r.ip), None)  # decided again next time (rows are reused only unchanged)
+                    new_stale.add(i)  # decided again next time (rows are reused only unchanged)
                     changed.append(r)
 
         # 1. withdraw first: stop answering for what this node no longer leads, before anything slow
@@ -476,11 +584,12 @@ class L2Mode:
                 self._lo &= lo
                 self._lo_wanted = None
         held = {ip: ifs for ip, ifs in final.items() if ip in self._lo}
-        for r in rows:
-            if r.announcing and r.ip not in self._lo:
-                r.announcing, r.reason = False, "notOnLo"
-                row_of.pop((r.service, r.ip), None)  # decided again next time (rows are reused only unchanged)
-                changed.append(r)
+        if not self._lo.issuperset(final):
+            for i, r in enumerate(rows):
+                if r.announcing and r.ip not in self._lo:
+                    r.announcing, r.reason = False, "notOnLo"
+                    new_stale.add(i)  # decided again next time (rows are reused only unchanged)
+                    changed.append(r)
 
         # 3. planned moves: forwarding first (in the forwarder's worker), then announce
         now = time.monotonic()
@@ -519,7 +628,9 @@ class L2Mode:
         # again soon even with nothing else changed, so its serviceAnnounced is logged when it is answered
         self._busy = bool(self._waiting) or any(k in _PENDING for _r, k in seen)
         self._log_seen(seen, me, present={(r.service, r.ip) for r in rows})
-        self._row_of = row_of
+        self._rows_idx, self._rows_for, self._stale = rows, entries, new_stale
+        for cls, decided in decided_now:
+            cls.decided = decided
         with self._lock:
             self._rows = rows
         self.last_apply_ms = round((time.monotonic() - started) * 1000, 1)
@@ -703,6 +814,9 @@ class L2Mode:
     def l2_view(self) -> L2View:
         """The announcer's per-VIP state and conflicts, read now (it changes them on its own thread)."""
         try:
+            if hasattr(self.announcer, "vip_states"):  # the L2Announcer: states only, no counters copied
+                states, found = self.announcer.vip_states()
+                return L2View(states, {c["ip"]: c for c in found})
             vips = self.announcer.stats().get("vips", {})
             conflicts = {c["ip"]: c for c in self.announcer.conflicts()}
         except (AttributeError, KeyError, TypeError):  # an announcer without stats(): trust the election

@@ -40,6 +40,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -304,6 +305,10 @@ class ResponderClient:
         self.argv = argv or [sys.executable, "-m", "nocloudlb.l2.responder"]
         self.proc: subprocess.Popen | None = None
         self.out = bytearray()
+        # send() and flush() run on the announcer's thread and (flush, from its wake-up) on the caller's:
+        # os.write releases the GIL while it holds the buffer, so without this lock a second flush wrote
+        # the same bytes again and both deleted them (lines lost), or a resize met the export (BufferError)
+        self._out_lock = threading.Lock()
         self.inbuf = b""
         self.ready = False
         self.started = 0.0
@@ -311,7 +316,8 @@ class ResponderClient:
     def spawn(self) -> None:
         """Start a new child (the old one, if any, is killed first)."""
         self.kill()
-        self.out.clear()
+        with self._out_lock:
+            self.out.clear()
         self.inbuf = b""
         self.ready = False
         self.proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0,
@@ -333,19 +339,25 @@ class ResponderClient:
         """Queue ``line``; written at the next flush() (the announcer's wake-up and every loop pass)."""
         if self.proc is None:
             return  # nobody to tell: the next child gets the whole state at its start
-        self.out += line.encode() + b"\n"
-        if len(self.out) >= 1 << 16:
-            self.flush()
+        with self._out_lock:
+            self.out += line.encode() + b"\n"
+            if len(self.out) >= 1 << 16:
+                self._flush()
 
     def flush(self) -> None:
-        if self.proc is None or not self.out or self.proc.stdin is None:
+        with self._out_lock:
+            self._flush()
+
+    def _flush(self) -> None:
+        proc = self.proc
+        if proc is None or not self.out or proc.stdin is None:
             return
         try:
-            n = os.write(self.proc.stdin.fileno(), self.out)
+            n = os.write(proc.stdin.fileno(), self.out)
             del self.out[:n]
         except (BlockingIOError, InterruptedError):
             pass
-        except OSError:  # the child is gone: its stdout's EOF tells the announcer
+        except (OSError, ValueError):  # the child is gone (its stdout's EOF tells the announcer), or closed
             self.out.clear()
 
     def read(self, handle: Callable[[dict], None]) -> bool:

@@ -103,3 +103,21 @@ def test_pacing_holds_for_takeovers_too():
         a._ifaces["eth0"].refilled = time.monotonic()
         a._transmit()
     assert len(sock.sent) == 10
+
+
+def test_ipv6_joins_take_a_fraction_of_a_token_so_a_takeover_s_nas_are_not_held_behind_them():
+    """3,300 IPv6 VIPs taken over queue 3,300 solicited-node joins before their first NA; at one token a
+    join the first NA left after 0.66 s of tokens (5,000/s). The kernel packs the joins' MLD records
+    into a few reports, so a join takes MCAST_COST of a token: with as many tokens as VIPs (+ the joins'
+    share), every VIP's NA leaves in the same pass."""
+    a, sock = announcer(burst=100000)
+    a._reconcile_group = lambda iface, group: True  # type: ignore[method-assign] # no kernel groups here
+    v6 = [str(ipaddress.IPv6Address("2001:db8:100::1") + i) for i in range(64)]
+    a.set_announced(dict.fromkeys(v6, []), skip_check=v6)
+    with a._lock:
+        a._run_timers()
+        iface = a._ifaces["eth0"]
+        iface.tokens, iface.refilled = 64 + 4.5, time.monotonic()  # the 64 joins fit in 4 tokens
+        a._transmit()
+    assert iface.sent["mcast"] == 64
+    assert len(sock.sent) == 64, f"{len(sock.sent)} NAs left: the joins took the tokens"
