@@ -270,7 +270,7 @@ class L2Announcer:
                 except ValueError:
                     raise ValueError(f"set_announced: {ip!r} is not an IP address") from None
                 parsed[ip] = (packed, version)
-            if type(ifs) is list and not ifs:  # the usual case (every eligible interface): nothing to check
+            if isinstance(ifs, list) and not ifs:  # the usual case (every eligible interface): nothing to check
                 wanted[ip] = ()
                 continue
             if isinstance(ifs, str) or not all(isinstance(i, str) and i for i in ifs):

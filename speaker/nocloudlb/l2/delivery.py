@@ -245,7 +245,7 @@ def _present_ip(ip_cmd: str) -> dict[str, str]:
 def _batch(ip_cmd: str, lines: list[str]) -> str:
     """Run ``lines`` in one ``ip -force -batch -``; the first error it printed ('' when none)."""
     res = subprocess.run([ip_cmd, "-force", "-batch", "-"], input="".join(line + "\n" for line in lines),
-                         capture_output=True, text=True, timeout=IP_TIMEOUT)
+                         capture_output=True, text=True, timeout=IP_TIMEOUT, check=False)
     if res.returncode == 0:
         return ""
     return next((ln for ln in res.stderr.splitlines() if ln.startswith("Error")), res.stderr.strip()[:200] or

@@ -19,8 +19,8 @@ EDGES = ["::", "::1", "1::", "2001:db8::1", "2001:db8:0:1:0:0:0:1", "2001:0:0:1:
 
 def spellings(rng: random.Random, n: int) -> list[str]:
     out = list(EDGES)
-    for _ in range(n):
-        words = [rng.choice([0, 0, 0, 1, 0xFFFF, rng.randrange(65536)]) for _ in range(8)]
+    for _i in range(n):
+        words = [rng.choice([0, 0, 0, 1, 0xFFFF, rng.randrange(65536)]) for _w in range(8)]
         a = ipaddress.IPv6Address(b"".join(w.to_bytes(2, "big") for w in words))
         out += [str(a), a.exploded, str(ipaddress.IPv4Address(rng.randrange(2**32)))]
     return out

@@ -36,7 +36,7 @@ def announcer(**kw) -> tuple[L2Announcer, RecordingSock]:
 def drain(a: L2Announcer, tokens: float = 1e6) -> None:
     with a._lock:
         a._run_timers()
-        for _ in range(200):
+        for _round in range(200):
             a._ifaces["eth0"].tokens = tokens
             a._ifaces["eth0"].refilled = time.monotonic()  # no refill beyond what the test grants
             a._transmit()

@@ -94,7 +94,7 @@ def test_ticks_and_a_reload_of_the_same_file_do_no_work_and_send_nothing(harness
     led = {ip for ip, n in vips.items() if n == "s"}
     assert set(sp.journal.announced()) == led
     applies, entries = sp.l2.applies, len(sp.journal)
-    for _ in range(5):  # what the 1 s tick does
+    for _tick in range(5):  # what the 1 s tick does
         sp._iteration(["tick"])
     assert sp.l2.applies == applies, "the election ran again with nothing changed"
     out = sp.reload()  # SIGHUP, the file untouched

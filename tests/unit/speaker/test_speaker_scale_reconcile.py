@@ -131,7 +131,7 @@ def test_each_config_in_use_is_collected_once_then_frozen(harness, monkeypatch):
     try:
         sp.reconcile()
         assert len(calls) == 1 and gc.get_freeze_count() > 0
-        for _ in range(3):
+        for _tick in range(3):
             sp._iteration(["tick"])
         sp.reload()  # the same file: the same config object, nothing to collect
         sp.reconcile()
