@@ -135,12 +135,22 @@ def layer2_decision(my_node: str, nodes: Iterable[NodeView], advertisements: lis
     if winner == my_node:
         return winner, ""
     mine = next((n for n in nodes if n.name == my_node), None)
+    return winner, layer2_reason(winner, my_node, base_reason(mine, applicable, service))
+
+
+def base_reason(mine: NodeView | None, applicable: list[L2Advertisement], service: Service) -> str:
+    """Why ``mine`` would not announce a VIP of ``service`` that it does not win (see ``layer2_decision``)."""
     if not applicable:
-        reason = REASON_NO_ADVERTISEMENT
-    elif mine is None:
-        reason = REASON_NOT_OWNER
-    else:
-        reason = _ineligibility(mine, applicable, service) or REASON_NOT_OWNER
-    if winner is None and reason == REASON_NOT_OWNER:
-        reason = REASON_NO_CANDIDATES
-    return winner, reason
+        return REASON_NO_ADVERTISEMENT
+    if mine is None:
+        return REASON_NOT_OWNER
+    return _ineligibility(mine, applicable, service) or REASON_NOT_OWNER
+
+
+def layer2_reason(winner: str | None, my_node: str, base: str) -> str:
+    """The reason ``layer2_decision`` gives for a VIP whose leader is ``winner``, ``base`` from ``base_reason``."""
+    if winner == my_node:
+        return ""
+    if winner is None and base == REASON_NOT_OWNER:
+        return REASON_NO_CANDIDATES
+    return base

@@ -47,14 +47,12 @@ from typing import Any
 from prometheus_client import Counter
 
 from nocloudlb.core.election import (
-    REASON_NO_ADVERTISEMENT,
-    REASON_NO_CANDIDATES,
-    REASON_NOT_OWNER,
     NodeView,
     _applicable,
-    _ineligibility,
+    base_reason,
     election_key,
     layer2_candidates,
+    layer2_reason,
     preferred_scores,
 )
 
@@ -276,13 +274,7 @@ class Election:
                 _ip, svc, _pool, ads, _k = self.entries[cls.idxs[0]]
                 g = groups[cls.gkey] = self._group(svc, ads, nodes, mine, my_labels)
             winner = _first(cls.order, g.cand_set, g.scores)
-            if winner == me:
-                reason = ""
-            elif winner is None and g.base_reason == REASON_NOT_OWNER:
-                reason = REASON_NO_CANDIDATES
-            else:
-                reason = g.base_reason
-            out.append((cls, winner, reason, g))
+            out.append((cls, winner, layer2_reason(winner, me, g.base_reason), g))
         return out
 
     @staticmethod
@@ -290,12 +282,7 @@ class Election:
                my_labels: dict[str, str]) -> _Group:
         applicable = _applicable(list(ads), svc)
         cands = layer2_candidates(nodes, applicable, svc)
-        if not applicable:
-            base = REASON_NO_ADVERTISEMENT
-        elif mine is None:
-            base = REASON_NOT_OWNER
-        else:
-            base = _ineligibility(mine, applicable, svc) or REASON_NOT_OWNER
+        base = base_reason(mine, applicable, svc)
         my_ads = [a for a in ads if a.selects_service(svc.labels) and a.selects_node(my_labels)]
         ifaces = [] if any(not a.interfaces for a in my_ads) else sorted(
             {i for a in my_ads for i in a.interfaces})
@@ -328,13 +315,7 @@ class Election:
                 winner = _best(g.candidates, g.scores, ip)
             else:
                 winner = next(n for n in order[ip] if n in g.cand_set)
-            if winner == me:
-                reason = ""
-            elif winner is None and g.base_reason == REASON_NOT_OWNER:
-                reason = REASON_NO_CANDIDATES
-            else:
-                reason = g.base_reason
-            out.append((ip, gkey[3], pool, winner, reason, g))
+            out.append((ip, gkey[3], pool, winner, layer2_reason(winner, me, g.base_reason), g))
         return out
 
     def runner_up(self, me: str, g: _Group, ip: str) -> str | None:
