@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import logging
+import random
 import signal
 import socket
 import sys
@@ -35,10 +36,29 @@ __all__ = ["Harness", "Journal", "RecordingAnnouncer", "RecordingDelivery", "ali
            "pool_docs", "run_loop", "service_doc", "vips_led", "wait_for"]
 
 
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct gossip ports on 127.0.0.1, each free for TCP and UDP with the next port (the heartbeats'
+    ``port + 1``) free for UDP too. Chosen below the kernel's ephemeral range (32768-60999): a port the kernel
+    handed out as free for UDP alone was once taken for TCP (a client's source port) before kinship bound it
+    ("Address already in use")."""
+    rng = random.Random()
+    out: list[int] = []
+    while len(out) < n:
+        port = rng.randrange(20000, 32000)
+        if port in out or port + 1 in out or port - 1 in out:
+            continue
+        try:
+            for p, kind in ((port, socket.SOCK_STREAM), (port, socket.SOCK_DGRAM), (port + 1, socket.SOCK_DGRAM)):
+                with socket.socket(socket.AF_INET, kind) as s:
+                    s.bind(("127.0.0.1", p))
+        except OSError:
+            continue
+        out.append(port)
+    return out
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
 
 
 def vips_led(nodes: list[str], per_node: int = 2) -> dict[str, str]:

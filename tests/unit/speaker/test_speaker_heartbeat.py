@@ -7,6 +7,7 @@ import socket
 import time
 
 import pytest
+from inproc_speaker import free_ports
 from nocloudlb.config import parse
 from nocloudlb.heartbeat import (
     Heartbeat,
@@ -115,16 +116,6 @@ def test_config_file_refuses_bad_heartbeat_timings_naming_the_field():
 
 # -- the rule, with real sockets ---------------------------------------------------------------
 
-def free_udp_ports(n: int) -> list[int]:
-    socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _i in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
 def wait_for(pred, timeout=5.0, what=""):
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -137,7 +128,7 @@ def wait_for(pred, timeout=5.0, what=""):
 @pytest.fixture
 def trio():
     names = ["n1", "n2", "n3"]
-    ports = dict(zip(names, free_udp_ports(3), strict=True))
+    ports = dict(zip(names, free_ports(3), strict=True))
     hbs = {n: Heartbeat(n, "127.0.0.1", ports[n], [K1], 0.02, 4) for n in names}
     for hb in hbs.values():
         hb.start()
@@ -176,7 +167,7 @@ def test_a_member_hears_that_it_is_suspected_and_hears_the_suspicion_end(trio):
     wait_for(lambda: all(len(hb.view().suspected) == 0 and hb.counters["received"] > 10 for hb in hbs.values()))
     # nobody hears n1 any more (its packets go to dead ports) while n1 hears them: both suspect n1
     # (each confirms the other's miss), n1 learns it from their packets and is not cut off
-    hbs["n1"].set_peers({m: (("127.0.0.1", free_udp_ports(1)[0]), "alive") for m in ("n2", "n3")})
+    hbs["n1"].set_peers({m: (("127.0.0.1", free_ports(1)[0]), "alive") for m in ("n2", "n3")})
     wait_for(lambda: hbs["n2"].view().suspected == {"n1"} == hbs["n3"].view().suspected, what="n1 suspected")
     wait_for(lambda: hbs["n1"].view().suspecters == {"n2", "n3"}, what="n1 knows they suspect it")
     assert not hbs["n1"].view().cut_off and not hbs["n1"].view().suspected
@@ -189,7 +180,7 @@ def test_one_silent_path_alone_suspects_nobody(trio):
     one path, or n2's own trouble, move nothing); n2 tells the others it misses n1."""
     hbs, ports, _connect = trio
     wait_for(lambda: all(hb.counters["received"] > 10 for hb in hbs.values()))
-    hbs["n1"].set_peers({"n2": (("127.0.0.1", free_udp_ports(1)[0]), "alive"),
+    hbs["n1"].set_peers({"n2": (("127.0.0.1", free_ports(1)[0]), "alive"),
                          "n3": (("127.0.0.1", ports["n3"]), "alive")})
     wait_for(lambda: "n1" in hbs["n3"]._peers["n2"].missing, what="n2 says it misses n1")
     time.sleep(0.3)

@@ -4,11 +4,11 @@ wrong key, key rotation without losing members, metadata of 1,000 Local services
 from __future__ import annotations
 
 import logging
-import socket
 import time
 
 import kinship
 import pytest
+from inproc_speaker import free_ports
 from nocloudlb.membership import (
     PROFILES,
     KeyFileError,
@@ -19,18 +19,6 @@ from nocloudlb.membership import (
 )
 
 pytestmark = pytest.mark.timeout(60)
-
-
-def free_ports(n: int) -> list[int]:
-    socks = []
-    for _dummy in range(n):
-        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def wait_for(pred, timeout: float = 10.0, step: float = 0.05):

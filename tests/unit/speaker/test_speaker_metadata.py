@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import random
-import socket
 import time
 
 import kinship
 import pytest
+from inproc_speaker import free_port
 from kinship.blocking import Cluster
 from nocloudlb.core.election import DRAIN_LABEL
 from nocloudlb.metadata import MetaCodec, decode_bitmap, encode_bitmap
@@ -32,9 +32,7 @@ def test_thousand_local_services_fit_through_kinship(fraction):
     healthy = set(random.Random(7).sample(sorted(SERVICES), int(len(SERVICES) * fraction)))
     meta = codec.encode(LABELS, healthy)
     assert "ignored" not in meta["l"]  # only labels that matter travel
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     cfg = kinship.Config.lan(name="m", bind=f"127.0.0.1:{port}", insecure_plaintext=True)
     with Cluster(cfg) as cl:
         cl.set_meta(meta, timeout=2)  # raises MetaTooLarge past 512 bytes
@@ -48,9 +46,7 @@ def test_thousand_local_services_fit_through_kinship(fraction):
 def test_too_much_is_refused_by_kinship():
     codec = MetaCodec(SERVICES, {"big"}, "x")
     meta = codec.encode({"big": "y" * 600}, [])
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     with Cluster(kinship.Config.lan(name="m", bind=f"127.0.0.1:{port}", insecure_plaintext=True)) as cl:
         with pytest.raises(kinship.MetaTooLarge):
             cl.set_meta(meta, timeout=2)
