@@ -728,7 +728,10 @@ class Lab:
         child = None
         while time.monotonic() < deadline and child is None:
             for p in cgroup_pids(main_cgroup(cgs)):
-                if p != proc.pid:
+                # the host's PID 1 is unshare's forked child; boot.sh's short-lived helpers are in the
+                # cgroup too, and after the kernel's PIDs wrap (pid_max 32768 here) one may be listed
+                # first: taking it gave a PID that was gone a moment later (netns attach failed)
+                if p != proc.pid and parent_pid(p) == proc.pid:
                     child = p
                     break
             else:
@@ -1362,6 +1365,17 @@ def netns_handle_ok(name: str, pid: int | None = None) -> bool:
     except OSError:
         return False
     return (have.st_dev, have.st_ino) == (want.st_dev, want.st_ino)
+
+
+def parent_pid(pid: int) -> int | None:
+    """The parent of ``pid`` (None when it is gone)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("PPid:"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def replace_netns_handle(name: str, pid: int | None = None) -> None:
