@@ -45,7 +45,10 @@ or suspect (this node excluded), this node:
 2. is *cut off* when it has two or more live members, has heard some of them before and hears
    none now (its own link, or its own heartbeats, are down): then it counts every live member
    as suspecting it, and gives up each VIP whose next node (the leader without it) is one of them
-   (so an unplugged or isolated leader withdraws what the others take; nothing is grabbed).
+   (so an unplugged or isolated leader withdraws what the others take). It suspects nobody while
+   cut off, even once its own gossip suspects them: nothing is grabbed. Only gossip declaring the
+   others dead (or hearing them again) ends that; a node whose peers all died at once therefore
+   takes their VIPs at gossip speed, an isolated one claims nothing meanwhile.
 3. is suspected by the members it hears whose packets say so (flag 1): it gives up each VIP
    whose next node is one of them; when their packets stop saying so, it takes them back.
 
@@ -447,11 +450,11 @@ class Heartbeat:
                         p.heard, p.suspects_me = now, True
                         heard.add(n)
             missing = frozenset(n for n, p in live.items() if p.heard_once and n not in heard)
+            cut_off = len(live) >= 2 and any(p.heard_once for p in live.values()) and not heard
             suspected = set()
-            for n in missing:
+            for n in () if cut_off else missing:  # cut off: this node cannot judge anyone, it grabs nothing
                 if live[n].gossip_state == "suspect" or any(n in live[r].missing for r in heard):
                     suspected.add(n)
-            cut_off = len(live) >= 2 and any(p.heard_once for p in live.values()) and not heard
             suspecters = set(live) if cut_off else {n for n in heard if live[n].suspects_me}
             for n in suspected - self._view.suspected:
                 live[n].my_suspicions += 1

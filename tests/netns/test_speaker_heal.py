@@ -8,7 +8,8 @@ MAC. The interim owner's gratuitous schedule is left to finish, so nothing but t
 leader's own announcement can move the client back. Then the leader comes back (SIGCONT, link
 up): in its own view it never lost the VIP, yet it must re-announce it (``serviceReannounced``),
 the client's traffic must go back to its MAC within seconds, and exactly one MAC may answer ARP
-afterwards, for every VIP (a partition merge briefly has the isolated node claim every VIP).
+afterwards, for every VIP (a partition merge briefly has the isolated node claim every VIP,
+once gossip has declared the others dead; cut off before that, it yields and claims nothing).
 """
 
 from __future__ import annotations

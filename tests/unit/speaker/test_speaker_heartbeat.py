@@ -160,6 +160,11 @@ def test_a_silent_member_is_suspected_by_the_others_and_is_cut_off_itself(trio):
     assert hbs["n1"].view().suspecters == {"n2", "n3"}  # it yields what they take
     assert not hbs["n1"].view().suspected  # and grabs nothing
     assert hbs["n2"].view().suspecters == frozenset()
+    # its own gossip comes to suspect them too (it hears nobody): still cut off, still grabs nothing
+    # (a node that suspected them here took every VIP an isolated node cannot serve: two owners)
+    hbs["n1"].set_peers({m: (("127.0.0.1", 1), "suspect") for m in ("n2", "n3")})
+    time.sleep(0.3)
+    assert hbs["n1"].view().cut_off and not hbs["n1"].view().suspected
 
 
 def test_a_member_hears_that_it_is_suspected_and_hears_the_suspicion_end(trio):
