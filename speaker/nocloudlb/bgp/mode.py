@@ -171,6 +171,27 @@ class BgpMode:
             self._cond.notify_all()
         self._withdraw(None)
 
+    def wait_sent(self, timeout: float = 1.0) -> bool:
+        """Wait until bgpd has nothing left to advertise to any peer (``pfxSnt`` and ``outq`` 0 in its
+        summary): after ``withdraw_all``, the withdrawal has left this node. bgpd holds a change about 50 ms
+        before it sends it (its route queue), longer than the vty socket takes to hand it over; on
+        shutdown ``close`` waits for it (at most ``timeout``), so the process never leaves first."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                summary = self.frr.query_json("show bgp vrf all summary json", timeout=self.watch_timeout)
+                peers = [p for afs in (summary or {}).values() if isinstance(afs, dict)
+                         for af in afs.values() if isinstance(af, dict)
+                         for p in (af.get("peers") or {}).values() if isinstance(p, dict)]
+                sent = sum(_count(p.get("pfxSnt")) + _count(p.get("outq")) for p in peers)
+                if sent == 0:
+                    return True
+            except FrrError:
+                return False  # bgpd does not answer: nothing to wait for here (the watch blocks BFD)
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
+
     def lo_vips(self) -> set[str]:
         """VIPs this node may serve through BGP, from the last apply: the Mode hook for lo (the
         layer-2 mode holds them there, see daemon._other_lo)."""
@@ -205,8 +226,11 @@ class BgpMode:
 
     def close(self) -> None:
         with self._cond:
+            withdrawn = self._withdrawn
             self._stop = True
             self._cond.notify_all()
+        if withdrawn:
+            self.wait_sent()
         for t in self._threads:
             t.join(timeout=10)
         self._threads = []
@@ -563,6 +587,14 @@ def _minus(a: dict[tuple[str, int], dict[str, list[str]]],
             keep = set(other.get(fam, ()))  # once per family: linear in the number of prefixes
             out[key][fam] = [p for p in ps if p not in keep]
     return out
+
+
+def _count(value: Any) -> int:
+    """A count from FRR's JSON ("N/A" and the like: 0)."""
+    try:
+        return int(value or 0)
+    except (TypeError, ValueError):
+        return 0
 
 
 def _any(nets: dict[tuple[str, int], dict[str, list[str]]]) -> bool:
