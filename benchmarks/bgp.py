@@ -3,8 +3,13 @@
 A lab ``bgpbench`` (nodes n1 and n2, router r1 with a passive peer group, multipath and BFD
 100 ms x 3, timers 3/9) is booted; the speaker's BGP mode (``BgpMode``) runs here and drives
 the nodes' FRR through nsenter, exactly the calls a node's speaker makes. Every time is read
-at the router (``ip route``, ``vtysh ... json``), polled every ~20 ms (so about 20-40 ms of the
-figures is the polling itself).
+at the router. Withdrawals are read event-driven: ``ip -o -ts monitor route`` and ``tcpdump``
+(BGP UPDATEs from n1) run in r1's network namespace from before the first fault, and a
+withdrawal's time is the timestamp of the first route event after the fault whose route no
+longer has n1 as a next hop (the poll of ``ip route`` every ~20 ms is kept only to know when to
+go on, and its figure is printed beside). For drain and SIGTERM the table also splits the time:
+fault -> ``no network`` sent to bgpd (the mode's own record), -> UPDATE on the wire at r1, ->
+route gone from r1's kernel table. The other parts poll (``ip route``, ``vtysh ... json``).
 
 - withdrawal of one node's next hop at the router after: drain, withdraw_all (what SIGTERM
   does), bgpd frozen (SIGSTOP; the mode's watch blocks BFD), node frozen (cgroup freezer),
@@ -16,7 +21,7 @@ figures is the polling itself).
   kernel table, bgpd's and zebra's memory on a node and on the router; then all withdrawn at once.
 
     sudo .venv/bin/python benchmarks/bgp.py --runs 3 [--sizes 10,100,1000,2000] [--parts scale]
-        [--json] [--out FILE]
+        [--json] [--out FILE] [--lab NAME] [--withdraw-via vty|vtysh]
 
 The JSON document carries the run's conditions (start and end time, load average, commit).
 """
@@ -24,10 +29,13 @@ The JSON document carries the run's conditions (start and end time, load average
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
-import statistics
+import re
+import subprocess
 import sys
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -144,6 +152,80 @@ class Bench:
             m.close()
 
 
+class RouterEvents:
+    """Route events and BGP UPDATEs seen in r1's network namespace, timestamped by ``ip`` and
+    ``tcpdump`` themselves (wall clock), read by threads from before the first fault."""
+
+    TS = re.compile(r"^\[(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+)\]\s*(.*)$")
+
+    def __init__(self, lab: labctl.Lab, router: str, node_addr: str) -> None:
+        ns = ["nsenter", "-t", str(lab.pid(router)), "-n"]
+        env = dict(os.environ, TZ="UTC")
+        self.routes: list[tuple[float, str]] = []
+        self.updates: list[float] = []
+        self._lock = threading.Lock()
+        self.procs = [
+            subprocess.Popen(ns + ["ip", "-o", "-ts", "monitor", "route"], stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, text=True, env=env),
+            # BGP messages of type 2 (UPDATE) from the node: byte 18 of the BGP header, after the TCP header
+            subprocess.Popen(ns + ["tcpdump", "-i", "any", "-n", "-tt", "-l", "-U", "-Q", "in",
+                                   f"src host {node_addr} and tcp port 179 and "
+                                   "tcp[((tcp[12:1] & 0xf0) >> 2) + 18:1] = 2"],
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)]
+        self.update_filter_ok = True
+        for target, proc in ((self._read_routes, self.procs[0]), (self._read_updates, self.procs[1])):
+            threading.Thread(target=target, args=(proc,), daemon=True).start()
+        time.sleep(1.0)  # both listening before the first fault
+
+    def _read_routes(self, proc: subprocess.Popen) -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            m = self.TS.match(line.strip())
+            if m:
+                at = datetime.datetime.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S.%f").replace(
+                    tzinfo=datetime.UTC).timestamp()
+                with self._lock:
+                    self.routes.append((at, m.group(2)))
+
+    def _read_updates(self, proc: subprocess.Popen) -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            parts = line.split()
+            try:  # the filter admits only the node's segments that begin with an UPDATE
+                at = float(parts[0]) if parts else None
+            except ValueError:
+                continue
+            if at is not None:
+                with self._lock:
+                    self.updates.append(at)
+
+    def route_gone(self, since: float, prefix: str, hop: str) -> float | None:
+        """The first route event for ``prefix`` after ``since`` that leaves ``hop`` out."""
+        with self._lock:
+            events = list(self.routes)
+        for at, text in events:
+            words = text.split()
+            if at < since or not words:
+                continue
+            deleted = words[0] == "Deleted"
+            dst = words[1] if deleted and len(words) > 1 else words[0]
+            if dst.split("/")[0] == prefix and (deleted or f"via {hop} " not in text + " "):
+                return at
+        return None
+
+    def update_after(self, since: float) -> float | None:
+        with self._lock:
+            return next((t for t in self.updates if t >= since), None)
+
+    def close(self) -> None:
+        for proc in self.procs:
+            proc.terminate()
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
 def wait_for(pred, timeout: float, step: float = 0.01):
     deadline = time.monotonic() + timeout
     while True:
@@ -158,12 +240,16 @@ def until(pred, timeout: float) -> float | None:
     return round(time.monotonic() - t0, 3) if wait_for(pred, timeout) else None
 
 
-def withdrawals(b: Bench, runs: int) -> dict[str, list[float | None]]:
+def withdrawals(b: Bench, runs: int) -> dict:
     cfg = docs()
     both = set(NODES.values())
     out: dict[str, list[float | None]] = {k: [] for k in ("drain", "SIGTERM (withdraw_all)", "bgpd frozen",
                                                           "node frozen", "link down")}
+    polled: dict[str, list[float | None]] = {k: [] for k in out}
+    split: dict[str, list[dict]] = {"drain": [], "SIGTERM (withdraw_all)": []}
+    events: list[dict] = []
     n1 = NODES["n1"]
+    ev = RouterEvents(b.lab, "r1", n1)
 
     def ready(after: str = "start") -> None:
         b.apply(cfg)
@@ -176,30 +262,56 @@ def withdrawals(b: Bench, runs: int) -> dict[str, list[float | None]]:
             raise SystemExit(f"BFD with {n1} not up at the router")
         time.sleep(1.0)
 
-    for _run in range(runs):
-        ready("link down (previous run)" if _run else "start")
-        b.apply(cfg, drained=("n1",), wait=False)
-        out["drain"].append(until(lambda: n1 not in b.hops(VIP), 10))
-        ready("drain")
-        t0 = time.monotonic()
-        b.modes["n1"].withdraw_all()
-        gone = wait_for(lambda: n1 not in b.hops(VIP), 10)
-        out["SIGTERM (withdraw_all)"].append(round(time.monotonic() - t0, 3) if gone else None)
-        ready("withdraw_all")
-        bgpd = b.lab.exec("n1", ["cat", "/run/frr/bgpd.pid"]).stdout.strip()
-        b.lab.exec("n1", ["kill", "-STOP", bgpd])
-        out["bgpd frozen"].append(until(lambda: n1 not in b.hops(VIP), 15))
-        b.lab.exec("n1", ["kill", "-CONT", bgpd])
-        ready("bgpd frozen")
-        fault = b.lab.fault_freeze("n1")
-        out["node frozen"].append(until(lambda: n1 not in b.hops(VIP), 15))
-        b.lab.undo(fault["id"])
-        ready("node frozen")
-        fault = b.lab.fault_link_down("n1")
-        out["link down"].append(until(lambda: n1 not in b.hops(VIP), 15))
-        b.lab.undo(fault["id"])
-    ready("link down")
-    return out
+    def measure(name: str, t0: float, timeout: float) -> None:
+        gone = wait_for(lambda: n1 not in b.hops(VIP), timeout)
+        polled[name].append(round(time.time() - t0, 3) if gone else None)
+        time.sleep(0.2)  # the monitor's line is read
+        at = ev.route_gone(t0, VIP, n1)
+        out[name].append(round(at - t0, 3) if at is not None and gone else None)
+        events.append({"fault": name, "t0": t0, "route_event": at, "polled": polled[name][-1],
+                       "text": next((t for a, t in ev.routes if a == at), "")})
+        if name in split:
+            w = b.modes["n1"].last_withdraw
+            sent = w.get("sent") if w.get("at", 0) >= t0 - 0.001 else None
+            update = ev.update_after(t0)
+            split[name].append({"sent": round(sent - t0, 4) if sent else None,
+                                "update on the wire": round(update - t0, 4) if update else None,
+                                "route gone": round(at - t0, 4) if at else None, "via": w.get("via"),
+                                "polled": polled[name][-1]})
+            print(f"{name}: {json.dumps(split[name][-1])}", file=sys.stderr, flush=True)
+        else:
+            print(f"{name}: {out[name][-1]} (polled {polled[name][-1]})", file=sys.stderr, flush=True)
+
+    try:
+        for run in range(runs):
+            ready("link down (previous run)" if run else "start")
+            t0 = time.time()
+            b.apply(cfg, drained=("n1",), wait=False)
+            measure("drain", t0, 10)
+            ready("drain")
+            t0 = time.time()
+            b.modes["n1"].withdraw_all()
+            measure("SIGTERM (withdraw_all)", t0, 10)
+            ready("withdraw_all")
+            bgpd = b.lab.exec("n1", ["cat", "/run/frr/bgpd.pid"]).stdout.strip()
+            t0 = time.time()
+            b.lab.exec("n1", ["kill", "-STOP", bgpd])
+            measure("bgpd frozen", t0, 15)
+            b.lab.exec("n1", ["kill", "-CONT", bgpd])
+            ready("bgpd frozen")
+            t0 = time.time()
+            fault = b.lab.fault_freeze("n1")
+            measure("node frozen", t0, 15)
+            b.lab.undo(fault["id"])
+            ready("node frozen")
+            t0 = time.time()
+            fault = b.lab.fault_link_down("n1")
+            measure("link down", t0, 15)
+            b.lab.undo(fault["id"])
+        ready("link down")
+    finally:
+        ev.close()
+    return {"times": out, "polled": polled, "split": split, "events": events}
 
 
 def config_change(b: Bench) -> dict:
@@ -286,9 +398,13 @@ def main() -> int:
     ap.add_argument("--json", action="store_true", help="print only the JSON document")
     ap.add_argument("--out", help="also write the JSON document to this file")
     ap.add_argument("--lab", default="bgpbench", help="the lab's name (default bgpbench)")
+    ap.add_argument("--withdraw-via", choices=("vty", "vtysh"), default="vty",
+                    help="how the mode withdraws: bgpd's vty socket (the speaker's way) or a vtysh process "
+                    "(its fallback; for comparison)")
     a = ap.parse_args()
     parts = set(a.parts.split(","))
     result: dict = {"conditions": conditions()}
+    result["conditions"]["withdraw_via"] = a.withdraw_via
     lab = labctl.Lab(a.lab)
     lab.down()
     lab.up(TOPOLOGY)
@@ -296,6 +412,8 @@ def main() -> int:
     try:
         lab.exec("r1", ["vtysh"] + [x for line in ROUTER for x in ("-c", line)], timeout=30)
         b = Bench(lab)
+        for m in b.modes.values():
+            m.vty_withdraw = a.withdraw_via == "vty"
         if "withdrawal" in parts:
             result["withdrawal"] = withdrawals(b, a.runs)
         if "config" in parts:
@@ -315,13 +433,23 @@ def main() -> int:
         print(json.dumps(result, indent=1))
         return 0
     print("conditions:", json.dumps(result["conditions"]))
-    print("withdrawal of n1's next hop at the router (s), BFD 100 ms x 3, timers 3/9")
-    print("| event | runs | min | median | max |\n| --- | --- | --- | --- | --- |")
-    for event, times in result.get("withdrawal", {}).items():
-        ok = [t for t in times if t is not None]
-        print(f"| {event} | {len(times)} | {min(ok):.3f} | {statistics.median(ok):.3f} | {max(ok):.3f} |"
-              if ok else f"| {event} | {len(times)} | - | - | - |")
-    print("\nconfig change:", json.dumps(result.get("config_change")))
+    w = result.get("withdrawal", {})
+    print("withdrawal of n1's next hop at the router (s; r1's route event, `ip -ts monitor route`), "
+          "BFD 100 ms x 3, timers 3/9")
+    print("| event | runs | each | polled instead (ip route every ~20 ms) |\n| --- | --- | --- | --- |")
+    for event, times in w.get("times", {}).items():
+        each = ", ".join("-" if t is None else f"{t:.3f}" for t in times)
+        pol = ", ".join("-" if t is None else f"{t:.3f}" for t in w.get("polled", {}).get(event, []))
+        print(f"| {event} | {len(times)} | {each} | {pol} |")
+    if w.get("split"):
+        print("\nwhere the time goes (s after the fault): withdrawal sent to bgpd / UPDATE on the wire at r1 / "
+              "route gone at r1")
+        print("| event | via | sent | UPDATE at r1 | route gone |\n| --- | --- | --- | --- | --- |")
+        for event, rows in w["split"].items():
+            for row in rows:
+                print(f"| {event} | {row['via']} | {row['sent']} | {row['update on the wire']} | {row['route gone']} |")
+    if "config_change" in result:
+        print("\nconfig change:", json.dumps(result["config_change"]))
     rows = result.get("scale", [])
     if rows:
         print("\n| " + " | ".join(rows[0]) + " |\n|" + " --- |" * len(rows[0]))

@@ -1402,3 +1402,40 @@ def parse_resources(docs: list[dict]) -> Config:
     if errors.items:
         raise ConfigError(errors.items)
     return config
+
+
+# -- speaker config file: ``bgp.flowHandover`` (issue 9 point 8, the node-side flow handover) --------
+#: Copied segments per second and family (speaker/nocloudlb/bgp/flows.py), and the burst: one second's worth.
+FLOW_HANDOVER_RATE = 20000
+FLOW_HANDOVER_RATE_RANGE = (100, 10_000_000)
+FLOW_HANDOVER_BURST_RANGE = (1, 10_000_000)
+
+
+def parse_flow_handover(value: Any) -> tuple[int, int, list[str]]:
+    """``bgp.flowHandover`` of the speaker's config file -> (rate, burst, errors).
+
+    ``{rate: segments/s, burst: segments}``, both whole numbers; absent: 20,000/s with a burst of
+    one second's worth (``burst`` defaults to ``rate``). Over the limit a segment is dropped, never
+    reset (its sender sends it again). Errors name the field and the value."""
+    rate, burst = FLOW_HANDOVER_RATE, None
+    errors: list[str] = []
+    if value is None:
+        value = {}
+    if not isinstance(value, dict):
+        return rate, rate, [f"bgp.flowHandover: must be a mapping like {{rate: 20000, burst: 20000}}, "
+                            f"got {_q(value)}"]
+    for key in sorted(set(value) - {"rate", "burst"}, key=str):
+        errors.append(f"bgp.flowHandover: unknown key {_q(key)} (known: burst, rate)")
+    for key, (low, high) in (("rate", FLOW_HANDOVER_RATE_RANGE), ("burst", FLOW_HANDOVER_BURST_RANGE)):
+        if key not in value:
+            continue
+        got = value[key]
+        if isinstance(got, bool) or not isinstance(got, int) or not low <= got <= high:
+            unit = "segments per second" if key == "rate" else "segments"
+            errors.append(f"bgp.flowHandover.{key}: {_q(got)} must be a whole number of {unit} "
+                          f"from {low} to {high}")
+        elif key == "rate":
+            rate = got
+        else:
+            burst = got
+    return rate, rate if burst is None else burst, errors

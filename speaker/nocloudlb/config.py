@@ -48,7 +48,8 @@ MAX_DEPTH = 64  # nested sequences/mappings
 MAX_ERRORS = 40  # errors reported; the rest are counted
 MAX_ERROR_LEN = 300  # characters per error
 MAX_ERROR_CHARS = MAX_ERRORS * (MAX_ERROR_LEN + 1) + 100  # the whole refusal, joined by newlines
-TOP_KEYS = {"node", "memberlist", "stateDir", "socket", "metrics", "handover", "logLevel", "resources", "announce"}
+TOP_KEYS = {"node", "memberlist", "stateDir", "socket", "metrics", "handover", "logLevel", "resources", "announce",
+            "bgp"}
 # Pacing of gratuitous ARP/NA (and probes) per interface: a takeover of 5,000 IPv4 VIPs is 10,000 frames,
 # 2 s at the default rate; answers to requests are never paced.
 DEFAULT_ANNOUNCE_RATE = 5000.0
@@ -85,6 +86,9 @@ class SpeakerConfig:
     announce_rate: float = DEFAULT_ANNOUNCE_RATE  # gratuitous frames per second and interface
     announce_burst: int = DEFAULT_ANNOUNCE_BURST
     start_settle: float = DEFAULT_START_SETTLE
+    # bgp.flowHandover (BGP mode's flow handover, bgp/flows.py): copied segments/s and burst
+    flow_rate: int = 20000
+    flow_burst: int = 20000
 
 
 def _printable(text: str) -> str:
@@ -167,7 +171,7 @@ def resources_digest(resources: list) -> str:
 
 def parse(data: Any, path: str = "") -> SpeakerConfig:
     """Check a loaded YAML document; raise ConfigError listing every problem."""
-    from nocloudlb.core.schema import parse_resources
+    from nocloudlb.core.schema import parse_flow_handover, parse_resources
 
     errors: list[str] = []
     if not isinstance(data, dict):
@@ -318,6 +322,16 @@ def parse(data: Any, path: str = "") -> SpeakerConfig:
         else:
             announce_burst = burst
 
+    bgp = data.get("bgp")
+    bgp = {} if bgp is None else bgp
+    flow_rate, flow_burst = 20000, 20000
+    if not isinstance(bgp, dict) or set(bgp) - {"flowHandover"}:
+        errors.append(f"bgp: must be a mapping like {{flowHandover: {{rate: 20000, burst: 20000}}}}, "
+                      f"got {_short(bgp)}")
+    else:
+        flow_rate, flow_burst, flow_errors = parse_flow_handover(bgp.get("flowHandover"))
+        errors.extend(flow_errors)
+
     resources = data.get("resources") or []
     parsed = None
     if not isinstance(resources, list):
@@ -335,7 +349,7 @@ def parse(data: Any, path: str = "") -> SpeakerConfig:
         overrides=overrides, state_dir=state_dir, socket=sock, metrics_bind=metrics_bind,
         log_level=log_level.lower(), resources=resources, parsed=parsed, digest=resources_digest(resources),
         path=path, handover_grace=handover_grace, announce_rate=announce_rate, announce_burst=announce_burst,
-        start_settle=start_settle,
+        start_settle=start_settle, flow_rate=flow_rate, flow_burst=flow_burst,
     )
 
 

@@ -52,7 +52,8 @@ log = logging.getLogger("nocloudlb.speaker")
 
 #: Settings read once at start: a reload keeps the running values and says a restart is needed.
 RESTART_FIELDS = ("node_name", "bind", "join", "profile", "overrides", "socket", "metrics_bind", "state_dir",
-                  "handover_grace", "announce_rate", "announce_burst", "start_settle")
+                  "handover_grace", "announce_rate", "announce_burst", "start_settle",
+                  "flow_rate", "flow_burst")  # mode: bgp (read when the BGP mode starts)
 
 EXIT_MEMBERSHIP_CLOSED = 3
 
@@ -344,7 +345,8 @@ class Speaker:
 
             # point 8's flow handover goes to the other members (the join list, this node left out)
             peers = [host(a) for a in cfg.join if host(a) != host(cfg.bind)]
-            return BgpMode(cfg.node_name, FrrControl(workdir=os.path.dirname(cfg.socket)), flow_peers=peers)
+            return BgpMode(cfg.node_name, FrrControl(workdir=os.path.dirname(cfg.socket)), flow_peers=peers,
+                           flow_rate=cfg.flow_rate, flow_burst=cfg.flow_burst)
 
         return [
             ("dataplane", lambda parsed: bool(getattr(parsed, "backends", None)), dataplane),

@@ -3,12 +3,14 @@
 The mode runs here, in the test process, and drives the FRR of lab hosts n1 and n2 through
 ``nsenter`` (FrrControl's ``prefix``/``root``): the same frr-reload, vtysh and vty socket
 calls a node's speaker makes. Every claim is read from the router r1 (``vtysh ... json``,
-``ip route``). Lab name "bgpt" (its own topology, so it never meets the other labs).
+``ip route``). Lab name "bgpt" (its own topology, so it never meets the other labs), or
+``$NOCLOUDLB_BGPT_LAB``.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Iterator
 
@@ -90,7 +92,7 @@ def session(lab: labctl.Lab, addr: str) -> dict:
 
 @pytest.fixture(scope="module")
 def blab() -> Iterator[labctl.Lab]:
-    lab = labctl.Lab("bgpt")
+    lab = labctl.Lab(os.environ.get("NOCLOUDLB_BGPT_LAB", "bgpt"))
     lab.down()
     try:
         res = lab.up(TOPOLOGY)
@@ -104,7 +106,7 @@ def blab() -> Iterator[labctl.Lab]:
 def mode_for(lab: labctl.Lab, host: str) -> BgpMode:
     pid = str(lab.pid(host))
     frr = FrrControl(prefix=["nsenter", "-t", pid, "-m", "-u", "-i", "-n", "-p"], root=f"/proc/{pid}/root")
-    return BgpMode(host, frr, debounce=0.2, retry=1.0, watch_interval=0.2, watch_timeout=0.4, registry=None)
+    return BgpMode(host, frr, debounce=0.2, retry=1.0, registry=None)  # the speaker's watch (0.1 s, 0.35 s)
 
 
 @pytest.fixture
@@ -143,7 +145,6 @@ def test_ecmp_communities_drain_and_password_kept_out_of_status(blab, modes):
     assert status["peers"][0]["routes"] == [f"{VIP}/32"]
     # the file FRR reads at start: the password is there, mode 0640, group frr
     conf = modes["n1"].frr.path("/etc/frr/frr.conf")
-    import os
     import stat
 
     st = os.stat(conf)
@@ -272,3 +273,44 @@ def test_drain_undone_before_its_reload_announces_again(blab, modes):
     finally:
         for m in modes.values():
             m.debounce = 0.2
+
+
+def test_withdrawal_through_the_vty_socket_agrees_with_the_next_reload(blab, modes):
+    """A drain withdraws on bgpd's vty socket (no vtysh); a network FRR no longer has counts as
+    gone; the drained config's reload then finds nothing to change in the networks (no fight,
+    nothing announced again), and the undrain brings the next hop back."""
+    apply(modes, docs(services=("web", "api")))
+    assert wait_for(lambda: next_hops(blab, VIP) == {"198.51.100.11", "198.51.100.12"}, 30)
+    # one of the two networks removed behind the mode's back: its "Can't find" must not stop the other
+    blab.exec("n1", ["vtysh", "-c", "configure terminal", "-c", "router bgp 64512", "-c",
+                     "address-family ipv4 unicast", "-c", "no network 203.0.113.11/32"])
+    t0 = time.monotonic()
+    apply(modes, docs(services=("web", "api")), drained=("n1",), wait=False)
+    assert wait_for(lambda: next_hops(blab, VIP) == {"198.51.100.12"}, 10, step=0.01), next_hops(blab, VIP)
+    print(f"DRAIN (vty socket) next hop gone after {time.monotonic() - t0:.3f} s")
+    w = modes["n1"].last_withdraw
+    assert w["via"] == "vty" and w["prefixes"] == 2, w
+    assert _networks(blab, "n1") == []
+    assert modes["n1"].wait_applied(30), modes["n1"].status()
+    changes = modes["n1"].frr.test(modes["n1"].frr.conf)
+    assert "network 203.0.113." not in changes, changes  # the running config has what the file has
+    assert _networks(blab, "n1") == [] and next_hops(blab, VIP) == {"198.51.100.12"}
+    apply(modes, docs(services=("web", "api")))
+    assert wait_for(lambda: next_hops(blab, VIP) == {"198.51.100.11", "198.51.100.12"}, 10), next_hops(blab, VIP)
+
+
+def test_withdrawal_falls_back_to_vtysh_when_the_socket_fails(blab, modes, monkeypatch):
+    """Fail closed: when bgpd's vty socket cannot be used, the same withdrawal goes through vtysh."""
+    from nocloudlb.bgp.frr import FrrError
+
+    apply(modes, docs())
+    assert wait_for(lambda: next_hops(blab, VIP) == {"198.51.100.11", "198.51.100.12"}, 30)
+
+    def broken(*args, **kwargs):
+        raise FrrError("bgpd: injected socket failure")
+
+    monkeypatch.setattr(modes["n1"].frr, "configure_vty", broken)
+    modes["n1"].withdraw_all()
+    assert modes["n1"].last_withdraw["via"] == "vtysh", modes["n1"].last_withdraw
+    assert _networks(blab, "n1") == []
+    assert wait_for(lambda: next_hops(blab, VIP) == {"198.51.100.12"}, 5, step=0.01), next_hops(blab, VIP)

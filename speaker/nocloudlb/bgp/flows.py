@@ -45,12 +45,14 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from nocloudlb.core.schema import FLOW_HANDOVER_RATE
+
 from .. import logs
 
 log = logging.getLogger("nocloudlb.bgp")
 
 FLOW_TABLE = "nocloudlb_bgp_flows"
-DEFAULT_RATE = 20000  # copied segments per second, per family
+DEFAULT_RATE = FLOW_HANDOVER_RATE  # copied segments per second, per family (speaker config bgp.flowHandover)
 DEFAULT_BURST = DEFAULT_RATE  # copied at once after a quiet time (one second's worth)
 REAPPLY = 30.0  # seconds: the tables are written again even when unchanged
 # a node label that turns the handover off on that node (any other value, or none: on)
@@ -174,4 +176,5 @@ class FlowHandover:
 
     def status(self) -> dict:
         return {"peers": [p.address for p in self.peers], "skipped": self.skipped, "error": self.error,
-                "active": bool(self.applied and self.peers and "dup to" in self.applied)}
+                "active": bool(self.applied and self.peers and "dup to" in self.applied),
+                "rate": self.rate, "burst": self.burst}

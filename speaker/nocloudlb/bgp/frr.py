@@ -117,32 +117,31 @@ class FrrControl:
 
     def query(self, command: str, daemon: str = "bgpd", timeout: float = 1.0) -> str:
         """One command on ``daemon``'s vty socket, answered within ``timeout`` or FrrError."""
-        deadline = time.monotonic() + timeout
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            sock.settimeout(timeout)
-            try:
-                sock.connect(self.path(os.path.join(self.rundir, daemon + ".vty")))
-                sock.sendall(command.encode() + b"\0")
-                buf = b""
-                while not (len(buf) >= 4 and buf[-4:-1] == b"\0\0\0"):
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        raise TimeoutError
-                    sock.settimeout(left)
-                    chunk = sock.recv(65536)
-                    if not chunk:
-                        raise FrrError(f"{daemon}: closed the connection")
-                    buf += chunk
-            except TimeoutError as exc:
-                raise FrrError(f"{daemon}: no answer within {timeout:g} s") from exc
-            except OSError as exc:
-                raise FrrError(f"{daemon}: {exc}") from exc
-        finally:
-            sock.close()
-        if buf[-1] != 0:
-            raise FrrError(f"{daemon}: {command!r} failed (status {buf[-1]}): {buf[:-4].decode(errors='replace')}")
-        return buf[:-4].decode(errors="replace")
+        with VtySession(self.path(os.path.join(self.rundir, daemon + ".vty")), daemon, timeout) as vty:
+            status, text = vty.ask(command)
+        if status != 0:
+            raise FrrError(f"{daemon}: {command!r} failed (status {status}): {text}")
+        return text
+
+    def configure_vty(self, lines: list[str], daemon: str = "bgpd",
+                      timeout: float = 2.0) -> list[tuple[str, int, str]]:
+        """Configuration ``lines`` on ``daemon``'s vty socket, in one session (``enable``,
+        ``configure terminal``, the lines, ``end``), without a vtysh process: vtysh connects to
+        every daemon before its first command, this talks to one. Returns (line, status, message)
+        per line (status 0 = done; FRR goes on after a refused line). Raises FrrError when the
+        socket cannot be used or the daemon does not answer within ``timeout``: the caller falls
+        back to vtysh."""
+        out: list[tuple[str, int, str]] = []
+        with VtySession(self.path(os.path.join(self.rundir, daemon + ".vty")), daemon, timeout) as vty:
+            for mode in ("enable", "configure terminal"):
+                status, text = vty.ask(mode)
+                if status != 0:
+                    raise FrrError(f"{daemon}: {mode!r} refused (status {status}): {text}")
+            for line in lines:
+                status, text = vty.ask(line)
+                out.append((line, status, text))
+            vty.ask("end")
+        return out
 
     def query_json(self, command: str, daemon: str = "bgpd", timeout: float = 1.0) -> Any:
         text = self.query(command, daemon, timeout)
@@ -150,6 +149,52 @@ class FrrControl:
             return json.loads(text) if text.strip() else {}
         except ValueError as exc:
             raise FrrError(f"{daemon}: {command!r} did not return JSON: {text[:200]!r}") from exc
+
+
+class VtySession:
+    """A connection to one FRR daemon's vty socket, speaking vtysh's protocol: a command ends
+    with a NUL byte; the answer is its text, three NUL bytes and the status byte (0 = done).
+    ``timeout`` bounds the whole session."""
+
+    def __init__(self, path: str, daemon: str, timeout: float) -> None:
+        self.path, self.daemon, self.timeout = path, daemon, timeout
+        self.deadline = 0.0
+        self.sock: socket.socket | None = None
+
+    def __enter__(self) -> VtySession:
+        self.deadline = time.monotonic() + self.timeout
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self.sock.settimeout(self.timeout)
+            self.sock.connect(self.path)
+        except OSError as exc:
+            self.sock.close()
+            raise FrrError(f"{self.daemon}: {exc}") from exc
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.sock is not None:
+            self.sock.close()
+
+    def ask(self, command: str) -> tuple[int, str]:
+        assert self.sock is not None
+        buf = b""
+        try:
+            self.sock.sendall(command.encode() + b"\0")
+            while not (len(buf) >= 4 and buf[-4:-1] == b"\0\0\0"):
+                left = self.deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError
+                self.sock.settimeout(left)
+                chunk = self.sock.recv(65536)
+                if not chunk:
+                    raise FrrError(f"{self.daemon}: closed the connection")
+                buf += chunk
+        except TimeoutError as exc:
+            raise FrrError(f"{self.daemon}: no answer within {self.timeout:g} s") from exc
+        except OSError as exc:
+            raise FrrError(f"{self.daemon}: {exc}") from exc
+        return buf[-1], buf[:-4].decode(errors="replace")
 
 
 def _tail(text: str, lines: int = 12) -> str:

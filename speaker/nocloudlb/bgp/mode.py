@@ -3,8 +3,11 @@
 ``apply`` runs on the decision thread and does only pure work: ``bgp_decision`` (core) and
 ``render`` (Jinja2), then hands the text to the worker thread and returns. The worker:
 
-- withdrawals first and at once: prefixes that left the desired config are removed with one
-  ``vtysh`` call (``no network ...``) before anything else, never debounced;
+- withdrawals first and at once: prefixes that left the desired config are removed
+  (``no network ...``) before anything else, never debounced, on bgpd's vty socket (one
+  session, well under a millisecond; the same lines vtysh would pass on, so the running config
+  that frr-reload diffs later is the same); what the socket cannot remove goes through one
+  ``vtysh`` call, so a withdrawal is never lost to a socket problem;
 - then the whole config: written beside frr.conf, ``frr-reload.py --test``, ``--reload``, and
   only then frr.conf itself is replaced (0640 root:frr). Additions wait ``debounce`` seconds so
   a burst of changes costs one reload. frr-reload changes only the lines that differ, so a
@@ -13,12 +16,16 @@
   config is put back (reload of the file that was last applied) and the new one retried every
   ``retry`` seconds.
 
-The watch thread asks bgpd on its vty socket every ``watch_interval`` seconds with a
-``watch_timeout`` deadline: per-peer session state, uptime and prefixes sent (status, metrics,
+The watch thread asks bgpd on its vty socket every ``watch_interval`` seconds (0.1) with a
+``watch_timeout`` deadline (0.35 s): per-peer session state, uptime and prefixes sent (status, metrics,
 ``sessionUp``/``sessionDown`` events). When bgpd does not answer (hung or dead), bfdd would still
 answer BFD and the routers would keep this node until the hold time; so the watch drops this
 node's outgoing BFD packets (an nftables table of its own), the routers' BFD sessions go down
-and they drop the node at BFD speed. When bgpd answers again the table is removed.
+and they drop the node at BFD speed. When bgpd answers again the table is removed. The
+trade-off of the short deadline: a bgpd that is merely slow for 0.35 s (a long config load, a
+machine starved of CPU) is taken out the same way, and comes back at its next answer; with BFD
+100 ms x 3 a frozen bgpd is out of the routers' tables within interval + deadline + the nft call +
+0.3 s, about 0.8 s (the goal is 1 s).
 
 ``withdraw_all`` (drain of the whole node, shutdown, unknown view) removes every network in the
 calling thread, so that the routes are gone from the routers before the process exits.
@@ -38,7 +45,7 @@ from nocloudlb.core.election import NodeView
 from nocloudlb.core.schema import BGPPeer, Config
 
 from .. import logs
-from .flows import OFF_LABEL, FlowHandover
+from .flows import DEFAULT_RATE, OFF_LABEL, FlowHandover
 from .frr import FrrControl, FrrError
 from .render import Rendered, redact, render
 
@@ -86,13 +93,13 @@ class BgpMode:
     name = "bgp"
 
     def __init__(self, node: str, frr: FrrControl | None = None, *, debounce: float = 0.3, retry: float = 5.0,
-                 watch_interval: float = 0.25, watch_timeout: float = 0.5, watch_failures: int = 1,
+                 watch_interval: float = 0.1, watch_timeout: float = 0.35, watch_failures: int = 1,
                  registry: CollectorRegistry | None = REGISTRY, flow_peers: list[str] | None = None,
-                 flow_interval: float = 2.0) -> None:
+                 flow_interval: float = 2.0, flow_rate: int = DEFAULT_RATE, flow_burst: int | None = None) -> None:
         self.node = node
         self.frr = frr or FrrControl()
         # point 8: the other nodes' addresses, for the flow handover (flows.py); none = off
-        self.flows = FlowHandover(flow_peers or [], self._run)
+        self.flows = FlowHandover(flow_peers or [], self._run, flow_rate, flow_burst)
         self.flow_interval = flow_interval
         self._flows_off = False  # the node label OFF_LABEL=off
         self.debounce = debounce
@@ -125,6 +132,10 @@ class BgpMode:
         self._watch_error = ""
         self._blocked = False
         self._fails = 0
+        # withdraw through bgpd's vty socket (vtysh only when it fails); the last withdrawal's
+        # times (wall clock, for benchmarks) and path
+        self.vty_withdraw = True
+        self.last_withdraw: dict[str, Any] = {}
 
     # -- Mode interface -------------------------------------------------------------------
     def start(self) -> None:
@@ -149,7 +160,8 @@ class BgpMode:
                 self._cond.notify_all()
 
     def withdraw_all(self) -> None:
-        """Stop announcing everything now (this thread, one vtysh call); the sessions stay up."""
+        """Stop announcing everything now (this thread, bgpd's vty socket, vtysh if that fails); the
+        sessions stay up."""
         with self._cond:
             self._withdrawn = True
             decision = BgpDecision(peers=self._decision.peers, routes={p.name: [] for p in self._decision.peers})
@@ -158,6 +170,27 @@ class BgpMode:
                 self._desired_at = time.monotonic()
             self._cond.notify_all()
         self._withdraw(None)
+
+    def wait_sent(self, timeout: float = 1.0) -> bool:
+        """Wait until bgpd has nothing left to advertise to any peer (``pfxSnt`` and ``outq`` 0 in its
+        summary): after ``withdraw_all``, the withdrawal has left this node. bgpd holds a change about 50 ms
+        before it sends it (its route queue), longer than the vty socket takes to hand it over; on
+        shutdown ``close`` waits for it (at most ``timeout``), so the process never leaves first."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                summary = self.frr.query_json("show bgp vrf all summary json", timeout=self.watch_timeout)
+                peers = [p for afs in (summary or {}).values() if isinstance(afs, dict)
+                         for af in afs.values() if isinstance(af, dict)
+                         for p in (af.get("peers") or {}).values() if isinstance(p, dict)]
+                sent = sum(_count(p.get("pfxSnt")) + _count(p.get("outq")) for p in peers)
+                if sent == 0:
+                    return True
+            except FrrError:
+                return False  # bgpd does not answer: nothing to wait for here (the watch blocks BFD)
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
 
     def lo_vips(self) -> set[str]:
         """VIPs this node may serve through BGP, from the last apply: the Mode hook for lo (the
@@ -193,8 +226,11 @@ class BgpMode:
 
     def close(self) -> None:
         with self._cond:
+            withdrawn = self._withdrawn
             self._stop = True
             self._cond.notify_all()
+        if withdrawn:
+            self.wait_sent()
         for t in self._threads:
             t.join(timeout=10)
         self._threads = []
@@ -286,41 +322,95 @@ class BgpMode:
         return 1.0
 
     def _withdraw(self, target: dict[tuple[str, int], dict[str, list[str]]] | None) -> None:
-        """Remove now (one vtysh call) every network FRR has that ``target`` lacks (None: all)."""
+        """Remove now every network FRR has that ``target`` lacks (None: all): through bgpd's vty
+        socket (one session, no process), and what that could not remove through vtysh."""
         with self._frr_lock:
             with self._cond:
                 gone = _minus(self._announced, target or {})
-            lines: list[str] = []
-            for key, fams in gone.items():
-                for family, prefixes in fams.items():
-                    if prefixes:
-                        lines += _router_lines(key, family, prefixes)
-            if not lines:
+            if not _any(gone):
                 return
             t0 = time.monotonic()
-            try:
-                self.frr.configure(lines, timeout=5.0)
-            except FrrError as exc:
-                # vtysh stops at the first line it refuses (a network FRR no longer has): remove the
-                # others one by one, so that one stale prefix never keeps the rest announced
-                failed = []
-                for key, fams in gone.items():
-                    for family, prefixes in fams.items():
-                        for prefix in prefixes:
-                            try:
-                                self.frr.configure(_router_lines(key, family, [prefix]), timeout=5.0)
-                            except FrrError as one:
-                                if "Can't find" not in str(one):
-                                    failed.append(f"{prefix}: {one}")
+            started = time.time()
+            via = "vty"
+            left = gone
+            if self.vty_withdraw:
+                try:
+                    left = self._withdraw_vty(gone)
+                except FrrError as exc:
+                    logs.event(log, "bgpWithdrawVtyFailed", "bgpd's vty socket failed: withdrawing through vtysh",
+                               logging.WARNING, error=str(exc)[:300])
+            if _any(left):
+                via = "vtysh" if left is gone else "vty+vtysh"
+                failed = self._withdraw_vtysh(left)
                 if failed:
-                    logs.event(log, "bgpWithdrawFailed", f"vtysh could not remove the networks: {exc}",
-                               logging.ERROR, failed=failed[:20])
+                    logs.event(log, "bgpWithdrawFailed", "vtysh could not remove the networks", logging.ERROR,
+                               failed=failed[:20])
                     return
+            sent = time.time()
             with self._cond:
                 self._announced = _minus(self._announced, gone)
+                self.last_withdraw = {"at": started, "sent": sent, "seconds": round(time.monotonic() - t0, 4),
+                                      "via": via, "prefixes": sum(len(ps) for fams in gone.values()
+                                                                  for ps in fams.values())}
                 self._cond.notify_all()
-        logs.event(log, "bgpWithdrawn", node=self.node, seconds=round(time.monotonic() - t0, 3),
+        logs.event(log, "bgpWithdrawn", node=self.node, seconds=round(time.monotonic() - t0, 4), via=via,
                    prefixes=sorted({p for fams in gone.values() for ps in fams.values() for p in ps}))
+
+    def _withdraw_vty(self, gone: dict[tuple[str, int], dict[str, list[str]]]
+                      ) -> dict[tuple[str, int], dict[str, list[str]]]:
+        """``no network`` lines on bgpd's vty socket; returns what it did not remove (for vtysh).
+        The same lines vtysh would pass to bgpd, so the running config (what frr-reload reads and
+        diffs) is the same either way. FrrError when the socket cannot be used at all."""
+        lines: list[str] = []
+        for key, fams in gone.items():
+            for family, prefixes in fams.items():
+                if prefixes:
+                    lines += _router_lines(key, family, prefixes)
+        count = sum(len(ps) for fams in gone.values() for ps in fams.values())
+        answers = self.frr.configure_vty(lines, timeout=2.0 + 0.005 * count)
+        left: dict[tuple[str, int], dict[str, list[str]]] = {}
+        context_ok = True
+        for line, status, text in answers:
+            # a refused router bgp / address-family leaves bgpd in another node, where the
+            # lines that follow mean something else or nothing: they all go to vtysh
+            if line.startswith("router bgp"):
+                context_ok = status == 0
+            elif line.startswith("address-family"):
+                context_ok = context_ok and status == 0
+            if not line.startswith("no network "):
+                continue
+            if context_ok and (status == 0 or "Can't find" in text):
+                continue  # removed, or already gone
+            prefix = line.split()[2]
+            for key, fams in gone.items():
+                for family, prefixes in fams.items():
+                    if prefix in prefixes:
+                        left.setdefault(key, {}).setdefault(family, []).append(prefix)
+        return left
+
+    def _withdraw_vtysh(self, gone: dict[tuple[str, int], dict[str, list[str]]]) -> list[str]:
+        """The same ``no network`` lines through one vtysh call; returns the prefixes it failed."""
+        lines: list[str] = []
+        for key, fams in gone.items():
+            for family, prefixes in fams.items():
+                if prefixes:
+                    lines += _router_lines(key, family, prefixes)
+        try:
+            self.frr.configure(lines, timeout=5.0)
+        except FrrError:
+            # vtysh stops at the first line it refuses (a network FRR no longer has): remove the
+            # others one by one, so that one stale prefix never keeps the rest announced
+            failed = []
+            for key, fams in gone.items():
+                for family, prefixes in fams.items():
+                    for prefix in prefixes:
+                        try:
+                            self.frr.configure(_router_lines(key, family, [prefix]), timeout=5.0)
+                        except FrrError as one:
+                            if "Can't find" not in str(one):
+                                failed.append(f"{prefix}: {one}")
+            return failed
+        return []
 
     def _reload(self, desired: Rendered) -> None:
         t0 = time.monotonic()
@@ -400,14 +490,7 @@ class BgpMode:
         try:
             summary = self.frr.query_json("show bgp vrf all summary json", timeout=self.watch_timeout)
         except FrrError as exc:
-            self._fails += 1
-            self._watch_error = str(exc)
-            if self._fails >= self.watch_failures and self._healthy is not False:
-                self._healthy = False
-                self.metrics["frr_healthy"].set(0)
-                self._block()
-                logs.event(log, "frrUnhealthy", "bgpd does not answer: blocking this node's BFD so routers drop "
-                           "it now", logging.ERROR, error=str(exc))
+            self._unanswered(exc)
             return
         self._fails = 0
         self._watch_error = ""
@@ -418,13 +501,26 @@ class BgpMode:
             self.metrics["frr_healthy"].set(1)
             self._unblock()
         updates: dict[str, int] = {}
-        if ticks % 8 == 0:
+        if ticks % max(1, round(2.0 / max(self.watch_interval, 0.01))) == 0:  # about every 2 s
             try:
+                # the same deadline: a bgpd that hangs during this question is seen now, not
+                # one question later
                 updates = _updates_sent(self.frr.query_json("show bgp vrf all neighbors json",
-                                                            timeout=max(1.0, self.watch_timeout)))
-            except FrrError:
-                updates = {}
+                                                            timeout=self.watch_timeout))
+            except FrrError as exc:
+                self._unanswered(exc)
+                return
         self._sessions_from(summary, updates)
+
+    def _unanswered(self, exc: FrrError) -> None:
+        self._fails += 1
+        self._watch_error = str(exc)
+        if self._fails >= self.watch_failures and self._healthy is not False:
+            self._healthy = False
+            self.metrics["frr_healthy"].set(0)
+            self._block()
+            logs.event(log, "frrUnhealthy", "bgpd does not answer: blocking this node's BFD so routers drop "
+                       "it now", logging.ERROR, error=str(exc))
 
     def _sessions_from(self, summary: Any, updates: dict[str, int]) -> None:
         found: dict[tuple[str, str], dict[str, Any]] = {}
@@ -491,6 +587,14 @@ def _minus(a: dict[tuple[str, int], dict[str, list[str]]],
             keep = set(other.get(fam, ()))  # once per family: linear in the number of prefixes
             out[key][fam] = [p for p in ps if p not in keep]
     return out
+
+
+def _count(value: Any) -> int:
+    """A count from FRR's JSON ("N/A" and the like: 0)."""
+    try:
+        return int(value or 0)
+    except (TypeError, ValueError):
+        return 0
 
 
 def _any(nets: dict[tuple[str, int], dict[str, list[str]]]) -> bool:

@@ -86,6 +86,7 @@ def test_config_is_valid_for_the_daemon_and_previous_reads_back(run):
                                  "198.51.100.12:7946"], "profile": "fast", "keyFile": f"{out}/memberlist.key",
                                  "probeInterval": 0.2}
     assert cfg["handover"] == {"grace": 12}
+    assert cfg["bgp"] == {"flowHandover": {"rate": 5000, "burst": 300}}  # checked by `nocloudlb validate` too
     assert tasks["Render the configuration"]["changed"] is True  # written only after `nocloudlb validate` passed
     previous = tasks["Show previous"]["previous"]
     assert previous == tasks["Allocate"]["assignments"]
