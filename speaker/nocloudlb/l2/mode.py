@@ -697,9 +697,10 @@ class L2Mode:
         finally:
             if self.handover is not None:
                 self.handover.close()
-        for key, (announcing, _reason) in self._prev.items():
-            if announcing:
-                logs.event(log, "serviceWithdrawn", service=key[0], ip=key[1], reason="shutdown")
+        with logs.Batch(log) as out:
+            for key, (announcing, _reason) in self._prev.items():
+                if announcing:
+                    out.event("serviceWithdrawn", service=key[0], ip=key[1], reason="shutdown")
         self._prev = {}
 
     # -- optional hooks ----------------------------------------------------------------------
@@ -821,22 +822,23 @@ class L2Mode:
         prev = self._prev
         seen: dict[tuple[str, str], tuple[bool, str]] = {} if present is None else \
             {k: v for k, v in prev.items() if k in present}
-        for r, now in rows:
-            key = (r.service, r.ip)
-            seen[key] = now
-            before = prev.get(key)
-            if before == now:
-                continue
-            if now[0]:
-                logs.event(log, "serviceAnnounced", service=r.service, ip=r.ip, node=me, pool=r.pool,
-                           protocol="layer2", interfaces=r.interfaces or "all eligible")
-            elif before is None or before[0] or before[1] != now[1]:
-                withdrawn = bool(before and before[0])
-                logs.event(log, "serviceWithdrawn" if withdrawn else "serviceNotAnnounced",
-                           level=logging.INFO if withdrawn else logging.DEBUG,
-                           service=r.service, ip=r.ip, reason=now[1], leader=r.leader, node=me)
-        for key, was in prev.items():
-            if key not in seen and was[0]:
-                logs.event(log, "serviceWithdrawn", service=key[0], ip=key[1], reason=reason or "serviceDeleted",
-                           node=me)
+        with logs.Batch(log) as out:  # one VIP a line, each at its event time, written off this thread
+            for r, now in rows:
+                key = (r.service, r.ip)
+                seen[key] = now
+                before = prev.get(key)
+                if before == now:
+                    continue
+                if now[0]:
+                    out.event("serviceAnnounced", service=r.service, ip=r.ip, node=me, pool=r.pool,
+                              protocol="layer2", interfaces=r.interfaces or "all eligible")
+                elif before is None or before[0] or before[1] != now[1]:
+                    withdrawn = bool(before and before[0])
+                    out.event("serviceWithdrawn" if withdrawn else "serviceNotAnnounced",
+                              level=logging.INFO if withdrawn else logging.DEBUG,
+                              service=r.service, ip=r.ip, reason=now[1], leader=r.leader, node=me)
+            for key, was in prev.items():
+                if key not in seen and was[0]:
+                    out.event("serviceWithdrawn", service=key[0], ip=key[1], reason=reason or "serviceDeleted",
+                              node=me)
         self._prev = seen
