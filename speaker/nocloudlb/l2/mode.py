@@ -407,6 +407,7 @@ class L2Mode:
         self._stale: set[int] = set()  # rows the last apply changed in place (notOnLo...): built again
         self.applies = 0  # full applies (the election run), for tests and the scale benchmark
         self.last_apply_ms = 0.0  # how long the last one took
+        self.recent_applies: list[tuple[float, float]] = []  # (wall time it ended, ms) of the last 16
         self._meta_key: tuple | None = None
         self._meta_used: set[str] = set()
 
@@ -615,6 +616,7 @@ class L2Mode:
         with self._lock:
             self._rows = rows
         self.last_apply_ms = round((time.monotonic() - started) * 1000, 1)
+        self.recent_applies = [*self.recent_applies[-15:], (round(time.time(), 3), self.last_apply_ms)]
         self._applied = key if self._lo_wanted is not None else None
 
     def _plan_handover(self, handed: dict[str, str], held: dict[str, list[str]], now: float,
@@ -688,7 +690,8 @@ class L2Mode:
                 "announced": sorted(self._announced) if len(self._announced) <= 1000 else len(self._announced),
                 "forwarding": fwd,
                 "responder": getattr(self.announcer, "responder_status", dict)(),  # answer: alarm when not up
-                "applies": self.applies, "lastApplyMs": self.last_apply_ms}
+                "applies": self.applies, "lastApplyMs": self.last_apply_ms,
+                "recentApplies": [list(a) for a in self.recent_applies]}
 
     def close(self) -> None:
         try:
