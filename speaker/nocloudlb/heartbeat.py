@@ -66,8 +66,9 @@ the routine socket at once too whenever anything is not quiet: a member not hear
 a member missed or suspected, a member that misses someone or suspects this node, a cut-off. So what
 a datagram says is acted on as fast as before, and the packets on the wire are the same. Where the
 kernel refuses the program (or the port has no SO_REUSEPORT) one socket is read at once, as before.
-The packets' HMACs use one-shot ``hmac.digest``; the rule is evaluated only when a datagram changed
-something, the peers changed, or a member's deadline passed.
+The packets' HMACs start from the key's precomputed inner and outer hashes, a routine datagram from a
+known member is checked against the bytes expected from it rather than parsed, and the rule is
+evaluated only when a datagram changed something, the peers changed, or a member's deadline passed.
 """
 
 from __future__ import annotations
@@ -150,6 +151,30 @@ class Packet(NamedTuple):  # a tuple: built for every datagram, a frozen datacla
     missing: tuple[str, ...] = ()
 
 
+class _Mac:
+    """HMAC-SHA256 (RFC 2104) with the key's inner and outer hashes computed once: a datagram's tag
+    costs two hash copies (a third of ``hmac.digest``'s time on a thread that has just woken up)."""
+
+    __slots__ = ("_inner", "_outer")
+
+    def __init__(self, key: bytes) -> None:
+        k = (hashlib.sha256(key).digest() if len(key) > 64 else key).ljust(64, b"\0")
+        self._inner = hashlib.sha256(bytes(b ^ 0x36 for b in k))
+        self._outer = hashlib.sha256(bytes(b ^ 0x5C for b in k))
+
+    def tag(self, body: bytes) -> bytes:
+        inner = self._inner.copy()
+        inner.update(body)
+        outer = self._outer.copy()
+        outer.update(inner.digest())
+        return outer.digest()[:MAC_LEN]
+
+
+@functools.lru_cache(maxsize=64)
+def _mac(key: bytes) -> _Mac:
+    return _Mac(key)
+
+
 @functools.lru_cache(maxsize=512)
 def _prefix(sender: str, recipient: str, flags: int) -> bytes:
     s, r = sender.encode(), recipient.encode()
@@ -173,7 +198,7 @@ def encode(p: Packet, key: bytes) -> bytes:
     if p.meta is not None:
         raw = json.dumps(p.meta, separators=(",", ":"), sort_keys=True).encode()
         body += struct.pack("!H", len(raw)) + raw
-    return body + hmac.digest(key, body, "sha256")[:MAC_LEN]
+    return body + _mac(key).tag(body)
 
 
 def decode(data: bytes, keys: list[bytes]) -> Packet:
@@ -184,7 +209,7 @@ def decode(data: bytes, keys: list[bytes]) -> Packet:
         raise PacketError("not a heartbeat")
     body, tag = data[:-MAC_LEN], data[-MAC_LEN:]
     for k in keys:
-        if hmac.compare_digest(hmac.digest(k, body, "sha256")[:MAC_LEN], tag):
+        if hmac.compare_digest(_mac(k).tag(body), tag):
             break
     else:
         raise PacketError("bad HMAC (another key, or corrupted)")
@@ -314,6 +339,7 @@ class Heartbeat:
         self._dirty = True  # a datagram or set_peers changed what _evaluate reads
         self._deadline = 0.0  # monotonic time by which a heard member's timeout may end: evaluate then
         self._quiet = False  # nothing happening: the routine socket is read at send ticks only
+        self._prefixes: dict[bytes, bytes] = {}  # sender name -> a routine datagram's first bytes to this node
         self.counters = {"sent": 0, "received": 0, "rejectedAuth": 0, "rejectedReplay": 0, "rejectedOther": 0,
                          "suspicions": 0}
 
@@ -432,6 +458,7 @@ class Heartbeat:
     # -- the thread --------------------------------------------------------------------------
     def _run(self) -> None:
         next_send = time.monotonic()
+        ready: list[Any] = []
         while not self._stop.is_set():
             try:
                 assert self._sock is not None
@@ -440,7 +467,8 @@ class Heartbeat:
                 now = time.monotonic()
                 tick = now >= next_send
                 # news at once; routine datagrams now too, unless quiet and between ticks
-                self._receive_all(routine=tick or not self._quiet)
+                self._receive_all(routine=tick or not self._quiet or self._sock in ready,
+                                  news=self._news is not None and (self._news in ready or not self._quiet))
                 if tick:
                     self._send_all(now)
                     next_send = max(next_send + self.interval, now + self.interval / 4)
@@ -455,7 +483,7 @@ class Heartbeat:
                 socks = [self._news] if self._news is not None else []
                 if not self._quiet:
                     socks.append(self._sock)
-                select.select(socks, [], [], wait)
+                ready = select.select(socks, [], [], wait)[0]
             except Exception:  # noqa: BLE001 - the heartbeat outlives any one error
                 self.log.exception("heartbeat loop error")
                 self._stop.wait(self.interval)
@@ -499,9 +527,10 @@ class Heartbeat:
             except OSError:
                 pass  # unreachable, no route (link down): the peers will suspect us, which is right
 
-    def _receive_all(self, routine: bool = True) -> None:
+    def _receive_all(self, routine: bool = True, news: bool = True) -> None:
+        """Read the routine socket (``routine``) and the news socket (``news``) until they are empty."""
         changed = False
-        socks = [self._news] if self._news is not None else []
+        socks = [self._news] if self._news is not None and news else []
         if routine and self._sock is not None:
             socks.append(self._sock)
         for sock in socks:
@@ -524,10 +553,31 @@ class Heartbeat:
         if changed:
             self._evaluate(time.monotonic(), force=True)
 
+    def _routine(self, data: bytes) -> Packet | None:
+        """A routine datagram from a known sender (flags 0, nothing missed, no meta), checked against the
+        bytes ``encode`` gives for it and its HMAC; None for anything else (``decode`` judges it)."""
+        if len(data) < 6 or data[4]:
+            return None
+        sender = data[6:6 + data[5]]
+        prefix = self._prefixes.get(sender)
+        if prefix is None:
+            prefix = self._prefixes[sender] = _prefix(sender.decode("utf-8", "replace"), self.name, 0)
+            if len(self._prefixes) > 256:
+                self._prefixes.clear()
+        n = len(prefix)
+        if len(data) != n + _HEAD.size + 1 + MAC_LEN or data[n + _HEAD.size] or not data.startswith(prefix):
+            return None
+        body, tag = data[:-MAC_LEN], data[-MAC_LEN:]
+        for k in self._keys:
+            if hmac.compare_digest(_mac(k).tag(body), tag):
+                boot, seq, suspicions, meta_seq = _HEAD.unpack_from(data, n)
+                return Packet(sender.decode(), self.name, boot, seq, suspicions, meta_seq)
+        return None
+
     def _accept(self, data: bytes, now: float) -> bool:
         """Take one datagram; True when it changed a meta this node reports."""
         try:
-            pkt = decode(data, self._keys)
+            pkt = self._routine(data) or decode(data, self._keys)
         except PacketError as exc:
             key = "rejectedAuth" if "HMAC" in str(exc) else "rejectedOther"
             self.counters[key] += 1

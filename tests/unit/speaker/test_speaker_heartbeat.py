@@ -366,3 +366,28 @@ def trio_slow(monkeypatch):
     yield hbs, counts
     for hb in hbs.values():
         hb.close()
+
+
+def test_the_precomputed_hmac_is_hmac_sha256():
+    import hashlib
+    import hmac
+
+    from nocloudlb.heartbeat import _mac
+
+    for key in (b"", derive_keys([K1])[0], b"k" * 64, b"x" * 100):
+        for body in (b"", b"NLH2" + bytes(range(200)), b"y" * 1000):
+            assert _mac(key).tag(body) == hmac.new(key, body, hashlib.sha256).digest()[:16]
+
+
+def test_a_routine_datagram_is_taken_by_the_fast_path_and_anything_else_by_decode():
+    port = free_ports(1)[0]
+    hb = Heartbeat("n1", "127.0.0.1", port, [K1], 0.1, 4)
+    key = derive_keys([K1])[0]
+    routine = encode(pkt(sender="n2", recipient="n1", seq=9, suspicions=3, meta_seq=4), key)
+    assert hb._routine(routine) == decode(routine, [key])
+    for other in (encode(pkt(sender="n2", recipient="n1", suspect_you=True), key),
+                  encode(pkt(sender="n2", recipient="n1", missing=("n3",)), key),
+                  encode(pkt(sender="n2", recipient="n3"), key),  # to another node
+                  encode(pkt(sender="n2", recipient="n1"), derive_keys([K2])[0]),  # another key
+                  routine[:-1] + bytes([routine[-1] ^ 1]), routine[:10], b""):
+        assert hb._routine(other) is None
