@@ -561,9 +561,15 @@ class Heartbeat:
         sender = data[6:6 + data[5]]
         prefix = self._prefixes.get(sender)
         if prefix is None:
-            prefix = self._prefixes[sender] = _prefix(sender.decode("utf-8", "replace"), self.name, 0)
-            if len(self._prefixes) > 256:
-                self._prefixes.clear()
+            if not sender or len(sender) != data[5]:
+                return None
+            try:
+                prefix = _prefix(sender.decode("utf-8", "replace"), self.name, 0)
+            except ValueError:
+                return None
+            if len(self._prefixes) >= 256:
+                self._prefixes.clear()  # junk senders: the cache stays small
+            self._prefixes[sender] = prefix
         n = len(prefix)
         if len(data) != n + _HEAD.size + 1 + MAC_LEN or data[n + _HEAD.size] or not data.startswith(prefix):
             return None

@@ -389,5 +389,6 @@ def test_a_routine_datagram_is_taken_by_the_fast_path_and_anything_else_by_decod
                   encode(pkt(sender="n2", recipient="n1", missing=("n3",)), key),
                   encode(pkt(sender="n2", recipient="n3"), key),  # to another node
                   encode(pkt(sender="n2", recipient="n1"), derive_keys([K2])[0]),  # another key
-                  routine[:-1] + bytes([routine[-1] ^ 1]), routine[:10], b""):
+                  routine[:-1] + bytes([routine[-1] ^ 1]), routine[:10], b"",
+                  b"NLH2\x00\x00" + routine[6:], b"NLH2\x00\xff" + routine[6:]):  # empty, overlong sender
         assert hb._routine(other) is None
