@@ -407,7 +407,9 @@ class L2Mode:
         self._stale: set[int] = set()  # rows the last apply changed in place (notOnLo...): built again
         self.applies = 0  # full applies (the election run), for tests and the scale benchmark
         self.last_apply_ms = 0.0  # how long the last one took
-        self.recent_applies: list[tuple[float, float]] = []  # (wall time it ended, ms) of the last 16
+        # (wall time it ended, ms, ms of this thread's CPU: the rest is waiting for the GIL or a core) of the
+        # last 16
+        self.recent_applies: list[tuple[float, float, float]] = []
         self._meta_key: tuple | None = None
         self._meta_used: set[str] = set()
 
@@ -431,7 +433,7 @@ class L2Mode:
             return
         self._applied = None
         self.applies += 1
-        started = time.monotonic()
+        started, cpu_started = time.monotonic(), time.thread_time()
         states = {n.name: n.state for n in nodes}
         skip: set[str] = set()
         handed: dict[str, str] = {}
@@ -616,7 +618,8 @@ class L2Mode:
         with self._lock:
             self._rows = rows
         self.last_apply_ms = round((time.monotonic() - started) * 1000, 1)
-        self.recent_applies = [*self.recent_applies[-15:], (round(time.time(), 3), self.last_apply_ms)]
+        self.recent_applies = [*self.recent_applies[-15:], (round(time.time(), 3), self.last_apply_ms,
+                                                            round((time.thread_time() - cpu_started) * 1000, 1))]
         self._applied = key if self._lo_wanted is not None else None
 
     def _plan_handover(self, handed: dict[str, str], held: dict[str, list[str]], now: float,
