@@ -522,6 +522,7 @@ class Speaker:
         if self._metrics is not None:
             self._metrics.shutdown()
         logs.event(log, "speakerStopped")
+        logs.flush()  # every queued line written before the process goes (the log writer is a thread)
 
     _metrics: Any = None
 

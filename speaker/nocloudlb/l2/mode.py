@@ -407,6 +407,9 @@ class L2Mode:
         self._stale: set[int] = set()  # rows the last apply changed in place (notOnLo...): built again
         self.applies = 0  # full applies (the election run), for tests and the scale benchmark
         self.last_apply_ms = 0.0  # how long the last one took
+        # (wall time it ended, ms, ms of this thread's CPU: the rest is waiting for the GIL or a core) of the
+        # last 16
+        self.recent_applies: list[tuple[float, float, float]] = []
         self._meta_key: tuple | None = None
         self._meta_used: set[str] = set()
 
@@ -430,7 +433,7 @@ class L2Mode:
             return
         self._applied = None
         self.applies += 1
-        started = time.monotonic()
+        started, cpu_started = time.monotonic(), time.thread_time()
         states = {n.name: n.state for n in nodes}
         skip: set[str] = set()
         handed: dict[str, str] = {}
@@ -615,6 +618,8 @@ class L2Mode:
         with self._lock:
             self._rows = rows
         self.last_apply_ms = round((time.monotonic() - started) * 1000, 1)
+        self.recent_applies = [*self.recent_applies[-15:], (round(time.time(), 3), self.last_apply_ms,
+                                                            round((time.thread_time() - cpu_started) * 1000, 1))]
         self._applied = key if self._lo_wanted is not None else None
 
     def _plan_handover(self, handed: dict[str, str], held: dict[str, list[str]], now: float,
@@ -688,7 +693,8 @@ class L2Mode:
                 "announced": sorted(self._announced) if len(self._announced) <= 1000 else len(self._announced),
                 "forwarding": fwd,
                 "responder": getattr(self.announcer, "responder_status", dict)(),  # answer: alarm when not up
-                "applies": self.applies, "lastApplyMs": self.last_apply_ms}
+                "applies": self.applies, "lastApplyMs": self.last_apply_ms,
+                "recentApplies": [list(a) for a in self.recent_applies]}
 
     def close(self) -> None:
         try:
@@ -697,9 +703,10 @@ class L2Mode:
         finally:
             if self.handover is not None:
                 self.handover.close()
-        for key, (announcing, _reason) in self._prev.items():
-            if announcing:
-                logs.event(log, "serviceWithdrawn", service=key[0], ip=key[1], reason="shutdown")
+        with logs.Batch(log) as out:
+            for key, (announcing, _reason) in self._prev.items():
+                if announcing:
+                    out.event("serviceWithdrawn", service=key[0], ip=key[1], reason="shutdown")
         self._prev = {}
 
     # -- optional hooks ----------------------------------------------------------------------
@@ -821,22 +828,23 @@ class L2Mode:
         prev = self._prev
         seen: dict[tuple[str, str], tuple[bool, str]] = {} if present is None else \
             {k: v for k, v in prev.items() if k in present}
-        for r, now in rows:
-            key = (r.service, r.ip)
-            seen[key] = now
-            before = prev.get(key)
-            if before == now:
-                continue
-            if now[0]:
-                logs.event(log, "serviceAnnounced", service=r.service, ip=r.ip, node=me, pool=r.pool,
-                           protocol="layer2", interfaces=r.interfaces or "all eligible")
-            elif before is None or before[0] or before[1] != now[1]:
-                withdrawn = bool(before and before[0])
-                logs.event(log, "serviceWithdrawn" if withdrawn else "serviceNotAnnounced",
-                           level=logging.INFO if withdrawn else logging.DEBUG,
-                           service=r.service, ip=r.ip, reason=now[1], leader=r.leader, node=me)
-        for key, was in prev.items():
-            if key not in seen and was[0]:
-                logs.event(log, "serviceWithdrawn", service=key[0], ip=key[1], reason=reason or "serviceDeleted",
-                           node=me)
+        with logs.Batch(log) as out:  # one VIP a line, each at its event time, written off this thread
+            for r, now in rows:
+                key = (r.service, r.ip)
+                seen[key] = now
+                before = prev.get(key)
+                if before == now:
+                    continue
+                if now[0]:
+                    out.event("serviceAnnounced", service=r.service, ip=r.ip, node=me, pool=r.pool,
+                              protocol="layer2", interfaces=r.interfaces or "all eligible")
+                elif before is None or before[0] or before[1] != now[1]:
+                    withdrawn = bool(before and before[0])
+                    out.event("serviceWithdrawn" if withdrawn else "serviceNotAnnounced",
+                              level=logging.INFO if withdrawn else logging.DEBUG,
+                              service=r.service, ip=r.ip, reason=now[1], leader=r.leader, node=me)
+            for key, was in prev.items():
+                if key not in seen and was[0]:
+                    out.event("serviceWithdrawn", service=key[0], ip=key[1], reason=reason or "serviceDeleted",
+                              node=me)
         self._prev = seen

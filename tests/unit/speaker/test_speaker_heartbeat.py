@@ -246,3 +246,149 @@ def test_packet_rate_is_members_over_interval(trio):
     rate = hb.counters["sent"] - a
     # 2 peers every 20 ms: about 100 per second; wide margins (a loaded machine sends fewer)
     assert 30 <= rate <= 130, rate
+
+
+# -- the cost: one wake-up per interval when nothing happens ---------------------------------------
+
+def unstarted(name: str, port: int, interval: float = 0.1) -> Heartbeat:
+    """A Heartbeat with its sockets as start() makes them, and no thread reading them."""
+    hb = Heartbeat(name, "127.0.0.1", port, [K1], interval, 4)
+    hb._sock = hb._socket(reuseport=True)
+    hb._news = hb._split() if hb._stamped else None
+    return hb
+
+
+def test_routine_datagrams_and_news_reach_different_sockets():
+    """The reuseport program steers "alive, nothing new" to the socket read at ticks and anything else
+    (a suspicion, a miss, a meta) to the one read at once; every kind still verifies and decodes."""
+    port = free_ports(1)[0]
+    hb = unstarted("n1", port)
+    try:
+        assert hb._stamped and hb._news is not None, "this kernel takes the steering program"
+        key = derive_keys([K1])[0]
+        sent = {
+            "routine": encode(pkt(sender="n2", recipient="n1"), key),
+            "suspect": encode(pkt(sender="n2", recipient="n1", seq=2, suspect_you=True), key),
+            "missing": encode(pkt(sender="n2", recipient="n1", seq=3, missing=("n3",)), key),
+            "meta": encode(pkt(sender="n2", recipient="n1", seq=4, meta={"l": "{}"}), key),
+            "long-names": encode(pkt(sender="a" * 200, recipient="n1", seq=5), key),
+            "long-missing": encode(pkt(sender="a" * 200, recipient="b" * 50, seq=6, missing=("c" * 90,)), key),
+        }
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        for data in sent.values():
+            s.sendto(data, ("127.0.0.1", port))
+        s.close()
+        time.sleep(0.1)
+
+        def drain(sock: socket.socket) -> list[bytes]:
+            out = []
+            while True:
+                try:
+                    out.append(sock.recv(4096, socket.MSG_DONTWAIT))
+                except BlockingIOError:
+                    return out
+
+        routine, news = drain(hb._sock), drain(hb._news)
+        assert routine == [sent["routine"], sent["long-names"]]
+        assert news == [sent["suspect"], sent["missing"], sent["meta"], sent["long-missing"]]
+        for data in routine + news:
+            decode(data, [key])
+    finally:
+        hb.close()
+
+
+def test_heard_is_the_arrival_time_not_the_read_time():
+    """A routine datagram read a tick later counts from when it arrived: no timeout moves."""
+    p1, p2 = free_ports(2)
+    hb = unstarted("n1", p1)
+    try:
+        hb.set_peers({"n2": (("127.0.0.1", p2), "alive")})
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.sendto(encode(pkt(sender="n2", recipient="n1"), derive_keys([K1])[0]), ("127.0.0.1", p1))
+        s.close()
+        sent = time.monotonic()
+        time.sleep(0.15)
+        hb._receive_all()
+        assert hb.counters["received"] == 1
+        assert abs(hb._peers["n2"].heard - sent) < 0.05, "heard when read, not when it arrived"
+    finally:
+        hb.close()
+
+
+def test_a_quiet_node_wakes_about_once_an_interval(trio_slow):
+    """Three nodes hearing each other: each thread wakes for its sends (the routine datagrams wait for
+    them), not once more per datagram received (three wake-ups an interval before)."""
+    hbs, counts = trio_slow
+    wait_for(lambda: all(hb._quiet for hb in hbs.values()), what="quiet")
+    before = dict(counts)
+    sent = {n: hb.counters["sent"] for n, hb in hbs.items()}
+    time.sleep(2.0)
+    for n, hb in hbs.items():
+        ticks = (hb.counters["sent"] - sent[n]) / 2  # two peers: two datagrams a tick
+        wakes = counts[n] - before[n]
+        assert ticks >= 10 and wakes < 2.2 * ticks, (n, wakes, ticks)
+    assert all(not hb.view().suspected for hb in hbs.values())
+
+
+@pytest.fixture
+def trio_slow(monkeypatch):
+    import threading
+
+    from nocloudlb import heartbeat as hbmod
+
+    counts: dict[str, int] = {"n1": 0, "n2": 0, "n3": 0}
+    real = hbmod.select.select
+    local = threading.local()
+
+    class Select:
+        @staticmethod
+        def select(*args):
+            name = getattr(local, "name", None)
+            if name is not None:
+                counts[name] += 1
+            return real(*args)
+
+    monkeypatch.setattr(hbmod, "select", Select)
+    names = ["n1", "n2", "n3"]
+    ports = dict(zip(names, free_ports(3), strict=True))
+    hbs = {n: Heartbeat(n, "127.0.0.1", ports[n], [K1], 0.1, 4) for n in names}
+    for n, hb in hbs.items():
+        run = hb._run
+
+        def named(run=run, n=n):
+            local.name = n
+            run()
+
+        hb._run = named  # type: ignore[method-assign]
+        hb.start()
+    for n, hb in hbs.items():
+        hb.set_peers({m: (("127.0.0.1", ports[m]), "alive") for m in names if m != n})
+    yield hbs, counts
+    for hb in hbs.values():
+        hb.close()
+
+
+def test_the_precomputed_hmac_is_hmac_sha256():
+    import hashlib
+    import hmac
+
+    from nocloudlb.heartbeat import _mac
+
+    for key in (b"", derive_keys([K1])[0], b"k" * 64, b"x" * 100):
+        for body in (b"", b"NLH2" + bytes(range(200)), b"y" * 1000):
+            assert _mac(key).tag(body) == hmac.new(key, body, hashlib.sha256).digest()[:16]
+
+
+def test_a_routine_datagram_is_taken_by_the_fast_path_and_anything_else_by_decode():
+    port = free_ports(1)[0]
+    hb = Heartbeat("n1", "127.0.0.1", port, [K1], 0.1, 4)
+    key = derive_keys([K1])[0]
+    routine = encode(pkt(sender="n2", recipient="n1", seq=9, suspicions=3, meta_seq=4), key)
+    assert hb._routine(routine) == decode(routine, [key])
+    for other in (encode(pkt(sender="n2", recipient="n1", suspect_you=True), key),
+                  encode(pkt(sender="n2", recipient="n1", missing=("n3",)), key),
+                  encode(pkt(sender="n2", recipient="n3"), key),  # to another node
+                  encode(pkt(sender="n2", recipient="n1"), derive_keys([K2])[0]),  # another key
+                  routine[:-1] + bytes([routine[-1] ^ 1]), routine[:10], b"",
+                  b"NLH2\x00\x00" + routine[6:], b"NLH2\x00\xff" + routine[6:]):  # empty, overlong sender
+        assert hb._routine(other) is None

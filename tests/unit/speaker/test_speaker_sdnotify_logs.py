@@ -46,8 +46,10 @@ def test_json_lines():
     log = logging.getLogger("nocloudlb.test")
     logs.event(log, "serviceWithdrawn", ip="198.51.100.1", reason="notOwner")
     log.warning("plain %s", "text")
+    assert logs.flush()  # written by the log writer thread
     lines = [json.loads(x) for x in buf.getvalue().splitlines()]
     assert lines[0]["event"] == "serviceWithdrawn" and lines[0]["reason"] == "notOwner"
     assert lines[0]["level"] == "info" and lines[0]["ts"].endswith("+00:00")
     assert lines[1] == {**lines[1], "event": "log", "msg": "plain text", "level": "warning"}
+    logs.shutdown()
     logging.getLogger().handlers.clear()
