@@ -129,6 +129,20 @@ def apply(modes: dict[str, BgpMode], cfg, drained: tuple[str, ...] = (), wait: b
         m.apply(name, nodes, cfg)
     for m in modes.values():
         assert not wait or m.wait_applied(30), m.status()
+    if wait:
+        # FRR 8.4 can lose a withdrawal made in a session's first seconds: a drain 1 s after the
+        # session came up left the route at r1 for 15 s and more in 3 of 8 runs here (a soft clear
+        # out did not repair it); 0 of 10 once the session was 3 s old (docs/bgp.md). The tests
+        # below drain right after this apply: let the sessions age first.
+        assert wait_for(lambda: all(_sessions_aged(modes[h].frr, 3.0) for h in modes), 20), [
+            m.status()["peers"] for m in modes.values()]
+
+
+def _sessions_aged(frr, seconds: float) -> bool:
+    """Every BGP session of this node Established for at least ``seconds`` (none: not yet)."""
+    peers = (frr.query_json("show bgp ipv4 unicast summary json") or {}).get("peers", {})
+    return bool(peers) and all(p.get("state") == "Established" and p.get("peerUptimeMsec", 0) >= seconds * 1000
+                               for p in peers.values())
 
 
 def test_ecmp_communities_drain_and_password_kept_out_of_status(blab, modes):
@@ -154,7 +168,12 @@ def test_ecmp_communities_drain_and_password_kept_out_of_status(blab, modes):
     established = session(blab, "198.51.100.11")["connectionsEstablished"]
     t0 = time.monotonic()
     apply(modes, docs(), drained=("n1",), wait=False)
-    assert wait_for(lambda: next_hops(blab, VIP) == {"198.51.100.12"}, 10, step=0.01), next_hops(blab, VIP)
+    assert wait_for(lambda: next_hops(blab, VIP) == {"198.51.100.12"}, 10, step=0.01), (
+        next_hops(blab, VIP), modes["n1"].last_withdraw, modes["n1"].status(), _networks(blab, "n1"),
+        blab.exec("r1", ["vtysh", "-c", "show bgp ipv4 unicast 203.0.113.10/32"]).stdout,
+        blab.exec("n1", ["vtysh", "-c", "show bgp ipv4 unicast 203.0.113.10/32"]).stdout,
+        blab.exec("n1", ["vtysh", "-c", "show bgp neighbors 198.51.100.1 advertised-routes"]).stdout,
+        blab.exec("n1", ["vtysh", "-c", "show running-config"]).stdout)
     print(f"DRAIN next hop gone after {time.monotonic() - t0:.3f} s")
     assert modes["n1"].wait_applied(30)
     s = session(blab, "198.51.100.11")
