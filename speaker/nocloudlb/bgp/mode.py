@@ -361,11 +361,7 @@ class BgpMode:
         """``no network`` lines on bgpd's vty socket; returns what it did not remove (for vtysh).
         The same lines vtysh would pass to bgpd, so the running config (what frr-reload reads and
         diffs) is the same either way. FrrError when the socket cannot be used at all."""
-        lines: list[str] = []
-        for key, fams in gone.items():
-            for family, prefixes in fams.items():
-                if prefixes:
-                    lines += _router_lines(key, family, prefixes)
+        lines = _withdraw_lines(gone)
         count = sum(len(ps) for fams in gone.values() for ps in fams.values())
         answers = self.frr.configure_vty(lines, timeout=2.0 + 0.005 * count)
         left: dict[tuple[str, int], dict[str, list[str]]] = {}
@@ -390,11 +386,7 @@ class BgpMode:
 
     def _withdraw_vtysh(self, gone: dict[tuple[str, int], dict[str, list[str]]]) -> list[str]:
         """The same ``no network`` lines through one vtysh call; returns the prefixes it failed."""
-        lines: list[str] = []
-        for key, fams in gone.items():
-            for family, prefixes in fams.items():
-                if prefixes:
-                    lines += _router_lines(key, family, prefixes)
+        lines = _withdraw_lines(gone)
         try:
             self.frr.configure(lines, timeout=5.0)
         except FrrError:
@@ -612,3 +604,13 @@ def _updates_sent(neighbors: Any) -> dict[str, int]:
             if isinstance(n, dict) and isinstance(n.get("messageStats"), dict):
                 out[addr] = int(n["messageStats"].get("updatesSent", 0) or 0)
     return out
+
+
+def _withdraw_lines(gone: dict[tuple[str, int], dict[str, list[str]]]) -> list[str]:
+    """The ``no network`` lines (with their router and address-family lines) removing ``gone``."""
+    lines: list[str] = []
+    for key, fams in gone.items():
+        for family, prefixes in fams.items():
+            if prefixes:
+                lines += _router_lines(key, family, prefixes)
+    return lines
