@@ -89,6 +89,9 @@ class SpeakerConfig:
     # bgp.flowHandover (BGP mode's flow handover, bgp/flows.py): copied segments/s and burst
     flow_rate: int = 20000
     flow_burst: int = 20000
+    # memberlist.witness: an address on the announce segment (the gateway, say) that counts as one vote of
+    # the quorum while it answers (nocloudlb.core.quorum): a two-node cluster then fails over on a crash
+    witness: str = ""
 
 
 def _printable(text: str) -> str:
@@ -215,6 +218,7 @@ def parse(data: Any, path: str = "") -> SpeakerConfig:
     key_file: Any = None
     profile: Any = "lan"
     overrides: dict[str, Any] = {}
+    witness = ""
     if not isinstance(ml, dict):
         errors.append(f"memberlist: must be a mapping with bind and join, got {_short(ml)}")
     else:
@@ -239,8 +243,17 @@ def parse(data: Any, path: str = "") -> SpeakerConfig:
         profile = ml.get("profile", "lan")
         if profile not in PROFILES:
             errors.append(f"memberlist.profile: {_short(profile)} is not one of {', '.join(sorted(PROFILES))}")
+        raw_witness = ml.get("witness")
+        if raw_witness is not None:
+            try:
+                witness = str(ipaddress.ip_address(raw_witness)) if isinstance(raw_witness, str) else ""
+            except ValueError:
+                witness = ""
+            if not witness:
+                errors.append(f"memberlist.witness: {_short(raw_witness)} must be an IP address on the announce "
+                              "segment that answers ping (the gateway, say)")
         for key, value in ml.items():
-            if key in ("bind", "join", "keyFile", "profile"):
+            if key in ("bind", "join", "keyFile", "profile", "witness"):
                 continue
             if key not in OVERRIDABLE:
                 errors.append(f"memberlist: unknown key {_short(key)} "
@@ -349,7 +362,7 @@ def parse(data: Any, path: str = "") -> SpeakerConfig:
         overrides=overrides, state_dir=state_dir, socket=sock, metrics_bind=metrics_bind,
         log_level=log_level.lower(), resources=resources, parsed=parsed, digest=resources_digest(resources),
         path=path, handover_grace=handover_grace, announce_rate=announce_rate, announce_burst=announce_burst,
-        start_settle=start_settle, flow_rate=flow_rate, flow_burst=flow_burst,
+        start_settle=start_settle, flow_rate=flow_rate, flow_burst=flow_burst, witness=witness,
     )
 
 

@@ -37,6 +37,7 @@ from nocloudlb.core.allocation import held_address_problems
 from nocloudlb.core.bgp import read_password_files  # mode: bgp
 from nocloudlb.core.election import DRAIN_LABEL, NodeView
 from nocloudlb.core.errors import ConfigError
+from nocloudlb.core.quorum import has_quorum
 
 from . import logs, memory, sdnotify
 from .config import ConfigHolder, SpeakerConfig, now_iso, runtime_label_problem
@@ -53,7 +54,7 @@ log = logging.getLogger("nocloudlb.speaker")
 #: Settings read once at start: a reload keeps the running values and says a restart is needed.
 RESTART_FIELDS = ("node_name", "bind", "join", "profile", "overrides", "socket", "metrics_bind", "state_dir",
                   "handover_grace", "announce_rate", "announce_burst", "start_settle",
-                  "flow_rate", "flow_burst")  # mode: bgp (read when the BGP mode starts)
+                  "flow_rate", "flow_burst", "witness")  # mode: bgp (flow_*) (read when the BGP mode starts)
 
 EXIT_MEMBERSHIP_CLOSED = 3
 
@@ -147,6 +148,7 @@ class Speaker:
         self.cfg: SpeakerConfig | None = None
         self.membership: Membership | None = None
         self.heartbeat: Heartbeat | None = None  # heartbeat: direct heartbeats (fast suspicion, drains)
+        self.witness: Any = None  # memberlist.witness: one more quorum vote while it answers (witness.py)
         self.health: HealthChecker | None = None
         self.control: Any = None
         self.labels: LabelStore | None = None
@@ -320,10 +322,12 @@ class Speaker:
             handover = HandoverForwarder(logging.getLogger("nocloudlb.l2"), grace=cfg.handover_grace)
         self.l2 = L2Mode(None, self._delivery, cfg.state_dir, gate=self._gate, member_macs=self.member_macs,
                          handover=handover, post=self.post, other_lo=self._other_lo,
-                         suspecters=self._suspecters)
+                         suspecters=self._suspecters, quorum=self.quorum)
         self.l2.announcer = factory(cfg.node_name, logging.getLogger("nocloudlb.l2"),
                                     is_peer_mac=self.l2.is_peer_mac, rate=cfg.announce_rate,
                                     burst=cfg.announce_burst)
+        if hasattr(self.l2.announcer, "on_contest"):  # another member announcing a VIP we hold: the wire rule
+            self.l2.announcer.on_contest = self.l2.wire.contest
         modes.append(self.l2)
         return modes
 
@@ -423,6 +427,36 @@ class Speaker:
             return
         self.heartbeat = hb
         hb.set_meta(meta)
+        if self.cfg is not None and self.cfg.witness:
+            from .witness import Witness  # noqa: PLC0415
+
+            w = Witness(self.cfg.witness, period=max(interval * miss / 2, 0.02), window=interval * miss * 1.5,
+                        on_change=hb.witness_changed, logger=logging.getLogger("nocloudlb.witness"))
+            try:
+                w.start()
+            except OSError as exc:
+                logs.event(log, "witnessFailed", f"cannot ping the witness {self.cfg.witness}: {exc}; "
+                           "its vote counts as absent", logging.ERROR)
+            self.witness = w
+            hb.set_witness(w.up)
+
+    def configured_members(self) -> int:
+        """The members the config names: the join list's addresses and this node's bind, once each."""
+        assert self.cfg is not None
+        return len({self.cfg.bind, *self.cfg.join})
+
+    def quorum(self) -> bool:
+        """This node is connected to a majority of the cluster's votes (nocloudlb.core.quorum): it may take
+        VIPs. From the heartbeats (who hears whom); without them, from gossip's alive members."""
+        if self.heartbeat is not None:
+            return self.heartbeat.view().quorum
+        if self.cfg is None or self.membership is None:
+            return False
+        members = self.membership.members()
+        alive = sum(1 for m in members if m.state in ("alive", "suspect") and m.name != self.cfg.node_name)
+        known = sum(1 for m in members if m.state != "left")
+        return has_quorum(alive, self.configured_members(), known, bool(self.cfg.witness),
+                          self.witness is not None and self.witness.up())
 
     def _suspecters(self) -> frozenset[str]:
         """Members that suspect this node now (heartbeat.py's rule 2 and 3): it yields them the VIPs
@@ -513,6 +547,8 @@ class Speaker:
             self.membership.leave(timeout=1.0)
         if self.heartbeat is not None:
             self.heartbeat.close()
+        if self.witness is not None:
+            self.witness.close()
         for m in self.modes:
             m.close()
         if self.control is not None:
@@ -590,8 +626,9 @@ class Speaker:
             info = self.codec.decode(hb.metas.get(m.name) or m.meta if hb else m.meta)
             peers[m.name] = info
             state = m.state
-            if hb is not None and m.name in hb.suspected and state in ("alive", "suspect"):
-                state = "unreachable"  # heartbeats stopped: not eligible (l2/mode.py forwards toward it)
+            if hb is not None and (m.name in hb.suspected or m.name in hb.no_quorum) and state in ("alive", "suspect"):
+                # heartbeats stopped, or it says it has no quorum: not eligible (l2/mode.py forwards toward it)
+                state = "unreachable"
             views.append(NodeView(m.name, info.labels, state, info.healthy))
         for name, info in peers.items():
             digest = info.config_hash
@@ -615,6 +652,9 @@ class Speaker:
                 continue  # no port to offset: no heartbeat for it
             peers[m.name] = ((host, port + offset), m.state)
         self.heartbeat.set_peers(peers)
+        known = sum(1 for m in members if m.state != "left") + (0 if any(m.name == self.cfg.node_name
+                                                                           for m in members) else 1)
+        self.heartbeat.set_quorum_basis(self.configured_members(), known)
 
     def _publish(self) -> None:
         assert self.membership is not None
@@ -812,6 +852,8 @@ class Speaker:
                            "encrypted": bool(ml and ml.settings.keys)},
             "health": self.health.status() if self.health else {},
             "heartbeat": self.heartbeat.status() if self.heartbeat else {},
+            "quorum": self.quorum() if self.cfg is not None else False,
+            "witness": self.witness.status() if self.witness is not None else None,
             "arpSysctls": getattr(self._delivery, "sysctl_status", dict)(),  # edges (issue 8 defect 8)
             "time": now_iso(),
             "metricsBind": cfg.metrics_bind if cfg else "",  # firsthour: `nocloudlb status --cluster` asks members here
@@ -836,6 +878,7 @@ class Speaker:
             "members": counts,
             "kinship": stats,
             "conflicts": sum(len(st.get("conflicts", [])) for st in modes.values()),
+            "quorum": self.quorum() if self.cfg is not None else False,
         }
 
 

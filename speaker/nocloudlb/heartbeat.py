@@ -43,14 +43,30 @@ or suspect (this node excluded), this node:
    third party. With 10 % loss each way, a false suspicion needs ``miss`` losses in a row on two
    paths at once.
 2. is *cut off* when it has two or more live members, has heard some of them before and hears
-   none now (its own link, or its own heartbeats, are down): then it counts every live member
-   as suspecting it, and gives up each VIP whose next node (the leader without it) is one of them
-   (so an unplugged or isolated leader withdraws what the others take). It suspects nobody while
-   cut off, even once its own gossip suspects them: nothing is grabbed. Only gossip declaring the
-   others dead (or hearing them again) ends that; a node whose peers all died at once therefore
-   takes their VIPs at gossip speed, an isolated one claims nothing meanwhile.
+   none now (its own link, or its own heartbeats, are down). It suspects nobody while cut off,
+   even once its own gossip suspects them: nothing is grabbed. It has no quorum (below) either:
+   it keeps what it announces and takes nothing, and yields a VIP when the majority's new owner
+   announces it on the wire (l2/disagree.py).
 3. is suspected by the members it hears whose packets say so (flag 1): it gives up each VIP
    whose next node is one of them; when their packets stop saying so, it takes them back.
+
+Hearing is not being heard, and quorum (nocloudlb.core.quorum, docs/concepts.md "When nodes
+disagree"). Flags 4, 8 and 16 were added without changing the format (older receivers ignore them):
+``F_DEAF`` (8) when the sender has not heard the recipient within ``interval x miss``, so a node
+whose inbound traffic is lost says so in the datagrams it still sends; ``F_NO_QUORUM`` (4) while
+the sender is not connected to a majority; ``F_PARTIAL`` (16) when the missing list was cut to fit.
+A member is *connected* when it is heard and its latest datagram does not say ``F_DEAF`` (a live
+member never heard yet counts on gossip's word until its first datagram); the node has quorum
+while itself, the connected members and the witness (``set_witness``, while it answers) are a
+strict majority of ``max(configured, known) + witness`` (``set_quorum_basis``). Members heard
+whose datagrams say ``F_NO_QUORUM`` are reported (``no_quorum``): the daemon leaves them out of
+the election.
+
+Bounded by construction: no datagram exceeds ``MAX_PACKET`` (what a receiver reads): a meta that
+does not fit beside the longest fixed part is left to gossip, and a missing list that does not fit
+is cut, the part sent rotating from one round to the next; a receiver keeps the parts it saw lately.
+Every datagram dropped is counted by reason (``rejected``, ``nocloudlb_heartbeat_rejected_total``)
+and logged at most once per reason every ``REJECT_LOG_EVERY`` s.
 
 The thread sends and receives on its own (not the decision thread): a busy decision loop never
 delays a heartbeat. It calls ``on_change()`` (posts a reconcile) whenever what it reports changed.
@@ -90,14 +106,27 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from prometheus_client import Counter
+
+from nocloudlb.core.quorum import has_quorum, quorum_total
+
 from .logs import event
 
-MAGIC = b"NLH2"
+REJECTED = Counter("nocloudlb_heartbeat_rejected", "Heartbeat datagrams dropped, by reason", ["reason"])
+
+MAGIC = b"NLH2"  # its last byte is the format's version; flags 4, 8 and 16 were added compatibly
 F_SUSPECT_YOU = 1
 F_META = 2
+F_NO_QUORUM = 4  # the sender has no quorum now: it takes nothing new, the others leave it out of the election
+F_DEAF = 8  # the sender has not heard the recipient within interval x miss (raw, before any rule)
+F_PARTIAL = 16  # the missing list was cut to fit the datagram (the names rotate from packet to packet)
 MAC_LEN = 16
 META_REPEAT = 3
-MAX_PACKET = 2048
+MAX_PACKET = 2048  # the receiver reads at most this; encode never writes more, whatever the cluster size
+#: the longest fixed part (names of 255 bytes, counters, the missing count, the HMAC): the meta must fit beside it
+_FIXED_MAX = len(MAGIC) + 2 + 255 + 1 + 255 + 24 + 1 + MAC_LEN
+#: rejected datagrams are logged once per reason per this many seconds (counted every time)
+REJECT_LOG_EVERY = 10.0
 _HEAD = struct.Struct("!QQII")  # boot, seq, suspicions, meta seq
 _TIMESPEC = struct.Struct("@qq")
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux: each datagram's arrival time (timespec)
@@ -129,7 +158,11 @@ OFFSET_MAX = 1000
 
 
 class PacketError(ValueError):
-    """A datagram that is not a valid heartbeat (the reason in the message)."""
+    """A datagram that is not a valid heartbeat (the reason in the message; ``reason``: its metric label)."""
+
+    def __init__(self, message: str, reason: str = "malformed") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 def derive_keys(keys: list[str] | None) -> list[bytes]:
@@ -149,6 +182,9 @@ class Packet(NamedTuple):  # a tuple: built for every datagram, a frozen datacla
     suspect_you: bool = False
     meta: dict[str, str] | None = None
     missing: tuple[str, ...] = ()
+    no_quorum: bool = False  # F_NO_QUORUM
+    deaf: bool = False  # F_DEAF: the sender does not hear the recipient
+    partial: bool = False  # F_PARTIAL: ``missing`` is a part of the sender's list
 
 
 class _Mac:
@@ -180,35 +216,67 @@ def _prefix(sender: str, recipient: str, flags: int) -> bytes:
 
 
 @functools.lru_cache(maxsize=512)
-def _names(missing: tuple[str, ...]) -> bytes:
-    names = [n.encode() for n in missing[:255]]
+def _names(missing: tuple[str, ...], budget: int = MAX_PACKET, rotation: int = 0) -> tuple[bytes, bool]:
+    """The missing list's bytes within ``budget`` bytes (count included) and whether it was cut. A list
+    that does not fit is taken from position ``rotation x k`` on (``k``: how many names fit from the
+    first), wrapping around, as far as it fits: the caller counts ``rotation`` up from one round of
+    datagrams to the next, so every name travels in turn."""
+    names = [n.encode() for n in missing]
     if any(not 0 < len(n) < 256 for n in names):
         raise ValueError("heartbeat: node names are 1 to 255 bytes")
-    return bytes([len(names)]) + b"".join(bytes([len(n)]) + n for n in names)
+    if len(names) <= 255 and 1 + sum(1 + len(n) for n in names) <= budget:
+        return bytes([len(names)]) + b"".join(bytes([len(n)]) + n for n in names), False
+    fit, used = 0, 1
+    while fit < min(len(names), 255) and used + 1 + len(names[fit]) <= budget:
+        used += 1 + len(names[fit])
+        fit += 1
+    start = (rotation * max(fit, 1)) % len(names)
+    out: list[bytes] = []
+    used = 1
+    for i in range(len(names)):
+        n = names[(start + i) % len(names)]
+        if len(out) == 255 or used + 1 + len(n) > budget:
+            break
+        out.append(bytes([len(n)]) + n)
+        used += 1 + len(n)
+    return bytes([len(out)]) + b"".join(out), True
 
 
-def encode(p: Packet, key: bytes) -> bytes:
-    flags = (F_SUSPECT_YOU if p.suspect_you else 0) | (F_META if p.meta is not None else 0)
-    body = _prefix(p.sender, p.recipient, flags) + _HEAD.pack(p.boot, p.seq, p.suspicions, p.meta_seq) \
-        + _names(tuple(p.missing))
+def encode(p: Packet, key: bytes, no_quorum: bool = False, deaf: bool = False, rotation: int | None = None) -> bytes:
+    """The datagram for ``p``, never longer than MAX_PACKET: a meta that does not fit beside the longest
+    fixed part is left out (gossip carries it), and a missing list that does not fit is cut (F_PARTIAL)."""
+    raw = b""
     if p.meta is not None:
         raw = json.dumps(p.meta, separators=(",", ":"), sort_keys=True).encode()
-        body += struct.pack("!H", len(raw)) + raw
+        if _FIXED_MAX + 2 + len(raw) > MAX_PACKET:
+            raw = b""
+    meta_part = struct.pack("!H", len(raw)) + raw if raw else b""
+    head = _HEAD.pack(p.boot, p.seq, p.suspicions, p.meta_seq)
+    flags = (F_SUSPECT_YOU if p.suspect_you else 0) | (F_META if meta_part else 0) \
+        | (F_NO_QUORUM if no_quorum else 0) | (F_DEAF if deaf else 0)
+    prefix = _prefix(p.sender, p.recipient, flags)
+    budget = MAX_PACKET - len(prefix) - len(head) - len(meta_part) - MAC_LEN
+    missing = tuple(p.missing)
+    names, partial = _names(missing, budget)
+    if partial:  # rotate: this round's datagram carries the next part of the list
+        names = _names(missing, budget, p.seq if rotation is None else rotation)[0]
+        prefix = _prefix(p.sender, p.recipient, flags | F_PARTIAL)
+    body = prefix + head + names + meta_part
     return body + _mac(key).tag(body)
 
 
 def decode(data: bytes, keys: list[bytes]) -> Packet:
     """The packet in ``data`` once its HMAC verifies with one of ``keys``; PacketError otherwise."""
     if len(data) > MAX_PACKET:
-        raise PacketError("too long")
+        raise PacketError("too long", "tooLong")
     if len(data) < len(MAGIC) + 4 + _HEAD.size + MAC_LEN or not data.startswith(MAGIC):
-        raise PacketError("not a heartbeat")
+        raise PacketError("not a heartbeat", "notHeartbeat")
     body, tag = data[:-MAC_LEN], data[-MAC_LEN:]
     for k in keys:
         if hmac.compare_digest(_mac(k).tag(body), tag):
             break
     else:
-        raise PacketError("bad HMAC (another key, or corrupted)")
+        raise PacketError("bad HMAC (another key, or corrupted)", "badMac")
     try:
         pos = len(MAGIC)
         flags, slen = body[pos], body[pos + 1]
@@ -251,7 +319,7 @@ def decode(data: bytes, keys: list[bytes]) -> Packet:
             raise
         raise PacketError(f"malformed: {exc}") from None
     return Packet(sender, recipient, boot, seq, suspicions, meta_seq, bool(flags & F_SUSPECT_YOU), meta,
-                  tuple(missing))
+                  tuple(missing), bool(flags & F_NO_QUORUM), bool(flags & F_DEAF), bool(flags & F_PARTIAL))
 
 
 def check_settings(interval: Any, miss: Any, offset: Any, dead_after: float | None = None) -> list[str]:
@@ -293,14 +361,24 @@ class _Peer:
     meta_seq: int = -1  # the sender's latest meta seq
     meta: tuple[int, dict[str, str]] | None = None  # (seq, meta) received by heartbeat
     missing: frozenset[str] = frozenset()  # the members it misses (its latest datagram)
+    missing_seen: dict[str, float] = field(default_factory=dict)  # names of its cut (partial) lists, when seen
+    deaf: bool = True  # its latest datagram says it does not hear this node (F_DEAF); True until one says not
+    no_quorum: bool = False  # its latest datagram says it has no quorum (F_NO_QUORUM)
 
 
 @dataclass(frozen=True)
 class HeartbeatView:
     suspected: frozenset[str] = frozenset()  # live members this node suspects (ineligible)
-    suspecters: frozenset[str] = frozenset()  # members that suspect this node (all live ones when cut off)
+    suspecters: frozenset[str] = frozenset()  # members that suspect this node (none while cut off)
     cut_off: bool = False
     metas: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # current meta received by heartbeat
+    # quorum (nocloudlb.core.quorum): False until the first evaluation, so nothing is taken before it
+    quorum: bool = False
+    connected: frozenset[str] = frozenset()  # members heard that hear this node (the votes beside its own)
+    no_quorum: frozenset[str] = frozenset()  # members heard whose datagrams say they have no quorum (ineligible)
+    deaf_to: frozenset[str] = frozenset()  # members heard that say they do not hear this node (inbound loss there)
+    votes: int = 1
+    total: int = 1
 
 
 class Heartbeat:
@@ -336,8 +414,16 @@ class Heartbeat:
         self._deadline = 0.0  # monotonic time by which a heard member's timeout may end: evaluate then
         self._quiet = False  # nothing happening: the routine socket is read at send ticks only
         self._prefixes: dict[bytes, bytes] = {}  # sender name -> a routine datagram's first bytes to this node
+        self._heard: frozenset[str] = frozenset()  # members heard at the last evaluation (F_DEAF for the others)
+        self._round = 0  # rounds of datagrams sent (a cut missing list rotates by it)
+        self._configured = 1  # members configured (the join list with this node): the quorum's floor
+        self._known = 1  # members gossip knows (alive, suspect, dead; not left), this node included
+        self._witness: Callable[[], bool] | None = None  # the witness answers now (see set_witness)
+        self._retired: list[bytes] = []  # keys dropped from the ring: refused, named as such in the counters
+        self._logged_reject: dict[str, float] = {}  # reason -> when a rejection was last logged
         self.counters = {"sent": 0, "received": 0, "rejectedAuth": 0, "rejectedReplay": 0, "rejectedOther": 0,
                          "suspicions": 0}
+        self.rejected: dict[str, int] = {}  # reason -> datagrams dropped (tooLong, badMac, retiredKey, ...)
 
     # -- lifecycle -------------------------------------------------------------------------
     def _socket(self, reuseport: bool) -> socket.socket:
@@ -434,7 +520,25 @@ class Heartbeat:
         self._send_all(time.monotonic())
 
     def set_keys(self, keys: list[str] | None) -> None:
-        self._keys = derive_keys(keys)
+        new = derive_keys(keys)
+        self._retired = [k for k in [*self._keys, *self._retired] if k not in new and k][:8]
+        self._keys = new
+
+    def set_quorum_basis(self, configured: int, known: int) -> None:
+        """The members configured (join list and this node) and known to gossip (this node included)."""
+        if (configured, known) != (self._configured, self._known):
+            self._configured, self._known = max(1, int(configured)), max(1, int(known))
+            self._dirty = True
+            self._kick.set()
+
+    def set_witness(self, answers: Callable[[], bool] | None) -> None:
+        """A witness (one more vote while ``answers()``); call ``witness_changed`` when its answer changes."""
+        self._witness = answers
+        self._dirty = True
+
+    def witness_changed(self) -> None:
+        self._dirty = True
+        self._kick.set()
 
     # -- outputs ---------------------------------------------------------------------------
     def view(self) -> HeartbeatView:
@@ -445,11 +549,15 @@ class Heartbeat:
         v = self._view
         with self._lock:
             peers = {n: {"heardMsAgo": round((now - p.heard) * 1000) if p.heard_once else None,
-                         "suspected": n in v.suspected, "suspectsMe": p.suspects_me}
+                         "suspected": n in v.suspected, "suspectsMe": p.suspects_me,
+                         "hearsMe": p.heard_once and not p.deaf, "quorum": not p.no_quorum}
                      for n, p in sorted(self._peers.items())}
         return {"bind": f"{self.bind_ip}:{self.port}", "interval": self.interval, "miss": self.miss,
                 "cutOff": v.cut_off, "suspected": sorted(v.suspected), "suspecters": sorted(v.suspecters),
-                "peers": peers, "counters": dict(self.counters)}
+                "quorum": {"has": v.quorum, "votes": v.votes, "total": v.total, "connected": sorted(v.connected),
+                           "witness": None if self._witness is None else bool(self._witness())},
+                "noQuorum": sorted(v.no_quorum), "deafTo": sorted(v.deaf_to),
+                "peers": peers, "counters": dict(self.counters), "rejected": dict(self.rejected)}
 
     # -- the thread --------------------------------------------------------------------------
     def _run(self) -> None:
@@ -488,14 +596,14 @@ class Heartbeat:
         """Nothing happening: every member heard within QUIET_LATE intervals, none missed or suspected by
         anyone as far as their datagrams say, this node not cut off."""
         v = self._view
-        if v.suspected or v.suspecters or v.cut_off or self._missing:
+        if v.suspected or v.suspecters or v.cut_off or self._missing or not v.quorum or v.no_quorum or v.deaf_to:
             return False
         late = now - QUIET_LATE * self.interval
         with self._lock:
             if not self._peers:
                 return False
             for p in self._peers.values():
-                if not p.heard_once or p.heard < late or p.missing or p.suspects_me:
+                if not p.heard_once or p.heard < late or p.missing or p.suspects_me or p.deaf or p.no_quorum:
                     return False
         return True
 
@@ -514,11 +622,14 @@ class Heartbeat:
                     meta = self._meta
                 pkt = Packet(self.name, name, self._boot, self._seq, p.my_suspicions, self._meta_seq,
                              name in view.suspected, meta, tuple(sorted(self._missing - {name})))
-                out.append((p.addr, pkt))
+                out.append((p.addr, pkt, name not in self._heard))
             key = self._keys[0]
-        for addr, pkt in out:
+            no_quorum = not view.quorum
+            self._round += 1
+            rotation = self._round
+        for addr, pkt, deaf in out:
             try:
-                sock.sendto(encode(pkt, key), addr)
+                sock.sendto(encode(pkt, key, no_quorum=no_quorum, deaf=deaf, rotation=rotation), addr)
                 self.counters["sent"] += 1
             except OSError:
                 pass  # unreachable, no route (link down): the peers will suspect us, which is right
@@ -581,19 +692,23 @@ class Heartbeat:
         try:
             pkt = self._routine(data) or decode(data, self._keys)
         except PacketError as exc:
-            key = "rejectedAuth" if "HMAC" in str(exc) else "rejectedOther"
-            self.counters[key] += 1
+            reason = exc.reason
+            if reason == "badMac" and self._retired:
+                body, tag = data[:-MAC_LEN], data[-MAC_LEN:]
+                if any(hmac.compare_digest(_mac(k).tag(body), tag) for k in self._retired):
+                    reason = "retiredKey"
+            self._reject(reason, str(exc))
             return False
         if pkt.recipient != self.name:
-            self.counters["rejectedOther"] += 1
+            self._reject("notForMe", f"addressed to {pkt.recipient[:64]!r}")
             return False
         with self._lock:
             p = self._peers.get(pkt.sender)
-            if p is None:
-                self.counters["rejectedOther"] += 1  # not a live member (yet): gossip decides membership
+            if p is None:  # not a live member (yet): gossip decides membership
+                self._reject("unknownSender", f"from {pkt.sender[:64]!r}, not a live member")
                 return False
             if (pkt.boot, pkt.seq) <= (p.boot, p.seq):
-                self.counters["rejectedReplay"] += 1
+                self._reject("oldBoot" if pkt.boot < p.boot else "replay", f"from {pkt.sender[:64]!r}")
                 return False
             if pkt.boot != p.boot:
                 p.meta, p.meta_seq = None, -1  # a restarted member: its old meta means nothing
@@ -603,9 +718,20 @@ class Heartbeat:
             p.heard, p.heard_once = max(p.heard, now), True
             p.suspects_me = pkt.suspect_you
             p.their_suspicions = pkt.suspicions
+            if p.deaf != pkt.deaf or p.no_quorum != pkt.no_quorum:
+                p.deaf, p.no_quorum = pkt.deaf, pkt.no_quorum
+                self._dirty = True
             changed = False
-            if frozenset(pkt.missing) != p.missing:
-                p.missing = frozenset(pkt.missing)
+            if pkt.partial:  # a part of its list: the parts seen lately together (names rotate per packet)
+                keep = now - max(2 * self.timeout, 20 * self.interval)
+                p.missing_seen = {n: t for n, t in p.missing_seen.items() if t >= keep}
+                p.missing_seen.update(dict.fromkeys(pkt.missing, now))
+                missing = frozenset(p.missing_seen)
+            else:
+                p.missing_seen = {}
+                missing = frozenset(pkt.missing)
+            if missing != p.missing:
+                p.missing = missing
                 changed = self._dirty = True
             if pkt.meta is not None and (p.meta is None or p.meta[0] != pkt.meta_seq):
                 p.meta = (pkt.meta_seq, pkt.meta)
@@ -615,6 +741,20 @@ class Heartbeat:
                 changed = True
         self.counters["received"] += 1
         return changed
+
+    def _reject(self, reason: str, detail: str) -> None:
+        """Count a dropped datagram by reason (metric, status) and log it at most once per reason per
+        REJECT_LOG_EVERY s: nothing a datagram says changes what this node believes."""
+        self.rejected[reason] = self.rejected.get(reason, 0) + 1
+        legacy = "rejectedAuth" if reason in ("badMac", "retiredKey") else \
+            "rejectedReplay" if reason in ("replay", "oldBoot") else "rejectedOther"
+        self.counters[legacy] += 1
+        REJECTED.labels(reason).inc()
+        now = time.monotonic()
+        if now - self._logged_reject.get(reason, -1e9) >= REJECT_LOG_EVERY:
+            self._logged_reject[reason] = now
+            event(self.log, "heartbeatRejected", detail[:200], logging.WARNING, reason=reason,
+                  count=self.rejected[reason])
 
     def _evaluate(self, now: float, force: bool = False) -> None:
         with self._lock:
@@ -635,13 +775,28 @@ class Heartbeat:
             for n in () if cut_off else missing:  # cut off: this node cannot judge anyone, it grabs nothing
                 if live[n].gossip_state == "suspect" or any(n in live[r].missing for r in heard):
                     suspected.add(n)
-            suspecters = set(live) if cut_off else {n for n in heard if live[n].suspects_me}
+            # a cut-off node keeps what it holds and takes nothing (no quorum): it does not yield to anyone
+            # it cannot hear; the majority's new owner announcing on the wire makes it yield (l2/mode.py)
+            suspecters = set() if cut_off else {n for n in heard if live[n].suspects_me}
+            # a live member never heard by heartbeat (just joined, or it runs without heartbeats) counts on
+            # gossip's word until its first datagram: gossip reached it, and a heartbeat will soon say more
+            connected = frozenset(n for n in heard if not live[n].deaf) | frozenset(
+                n for n, p in live.items() if not p.heard_once and p.gossip_state == "alive")
+            deaf_to = frozenset(n for n in heard if live[n].deaf)
+            no_quorum = frozenset(n for n in heard if live[n].no_quorum)
+            witness_up = bool(self._witness()) if self._witness is not None else False
+            known = max(self._known, 1 + len(live))
+            total = quorum_total(self._configured, known, self._witness is not None)
+            quorum = has_quorum(len(connected), self._configured, known, self._witness is not None, witness_up)
+            votes = 1 + len(connected) + (1 if witness_up else 0)
+            self._heard = frozenset(heard)
             for n in suspected - self._view.suspected:
                 live[n].my_suspicions += 1
             metas = {n: p.meta[1] for n, p in live.items() if p.meta is not None and p.meta[0] == p.meta_seq}
             ends = [p.heard + self.timeout for p in live.values() if p.heard_once and p.heard + self.timeout > now]
             self._deadline = min(ends) + 0.001 if ends else now + 1.0
-        view = HeartbeatView(frozenset(suspected), frozenset(suspecters), cut_off, metas)
+        view = HeartbeatView(frozenset(suspected), frozenset(suspecters), cut_off, metas, quorum, connected,
+                             no_quorum, deaf_to, votes, total)
         old = self._view
         if missing != self._missing:
             self._missing = missing
@@ -653,6 +808,13 @@ class Heartbeat:
                 self._send_all(now)
             return
         self._view = view
+        if view.quorum != old.quorum:
+            event(self.log, "quorumGained" if view.quorum else "quorumLost",
+                  "connected to a majority: may take VIPs" if view.quorum else
+                  "not connected to a majority: keeping the VIPs held, taking none",
+                  logging.INFO if view.quorum else logging.WARNING, votes=view.votes, total=view.total,
+                  connected=sorted(view.connected))
+            send_now = True  # the peers learn it at once (F_NO_QUORUM)
         if view.suspected != old.suspected or view.suspecters != old.suspecters or view.cut_off != old.cut_off:
             for n in sorted(view.suspected - old.suspected):
                 self.counters["suspicions"] += 1
@@ -663,7 +825,7 @@ class Heartbeat:
                 event(self.log, "nodeReachable", "heartbeats again", node=n)
             if view.cut_off != old.cut_off:
                 event(self.log, "heartbeatCutOff" if view.cut_off else "heartbeatReconnected",
-                      "this node hears no member's heartbeat: giving up the VIPs the others take" if view.cut_off
+                      "this node hears no member's heartbeat: keeping what it holds, taking nothing" if view.cut_off
                       else "this node hears members' heartbeats again",
                       logging.WARNING if view.cut_off else logging.INFO)
             if view.suspecters != old.suspecters:

@@ -61,6 +61,10 @@ class SpeakerCollector(Collector):
                                         value=value)
             else:
                 yield CounterMetricFamily(f"nocloudlb_memberlist_{key}", f"kinship counter {key}", value=value)
+        if "quorum" in snap:
+            yield GaugeMetricFamily("nocloudlb_speaker_quorum_bool",
+                                    "1 while this node is connected to a majority of the cluster's votes (it may "
+                                    "take VIPs)", value=1 if snap["quorum"] else 0)
         yield GaugeMetricFamily("nocloudlb_layer2_conflicts_current",
                                 "Addresses for which another MAC answered before we announced",
                                 value=snap.get("conflicts", 0))

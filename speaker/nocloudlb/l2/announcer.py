@@ -170,6 +170,10 @@ class L2Announcer:
         self.log = logger
         # A cluster member answering during a handover is not a conflict: the daemon says who is one.
         self.is_peer_mac = is_peer_mac
+        # Another MAC announcing (gratuitous ARP, unsolicited NA) an address this node answers: given to the
+        # daemon's wire rule (l2/disagree.py) as (ip, mac); set by the daemon after construction.
+        self.on_contest: Callable[[str, bytes], None] | None = None
+        self.claims_seen = 0
         self.check_probes = check_probes
         self.check_interval = check_interval
         self.check_wait = check_wait
@@ -684,6 +688,8 @@ class L2Announcer:
         vip = self._checking.get(pkt.spa)
         if vip is not None:
             self._saw_conflict(vip, pkt.sha, iface.name)
+        elif pkt.spa == pkt.tpa and pkt.spa in iface.answer:  # another MAC announces an address we answer
+            self._saw_claim(pkt.spa, pkt.sha)
 
     def _on_nd(self, iface: _Iface, data: bytes) -> None:
         pkt = ndp.parse(data)
@@ -705,6 +711,8 @@ class L2Announcer:
         vip = self._checking.get(pkt.target)
         if vip is not None:
             self._saw_conflict(vip, pkt.lladdr or pkt.eth_src, iface.name)
+        elif pkt.type == ndp.NA and pkt.target in iface.answer:  # another MAC announces an address we answer
+            self._saw_claim(pkt.target, pkt.lladdr or pkt.eth_src)
 
     # -- the responder process (see responder.py) ------------------------------------------
     def _watch_changed(self, packed: bytes, added: bool) -> None:
@@ -819,6 +827,14 @@ class L2Announcer:
             except OSError as exc:
                 self.log.warning("filterFailed", extra={"event": "filterFailed", "iface": iface.name,
                                                         "error": str(exc)})
+
+    def _saw_claim(self, packed: bytes, mac: bytes) -> None:
+        if any(mac == i.mac for i in self._ifaces.values()):
+            return
+        self.claims_seen += 1
+        if self.on_contest is not None:
+            ip = socket.inet_ntop(socket.AF_INET if len(packed) == 4 else socket.AF_INET6, packed)
+            self.on_contest(ip, mac)
 
     def _saw_conflict(self, vip: _Vip, mac: bytes, iface: str) -> None:
         if any(mac == i.mac for i in self._ifaces.values()):

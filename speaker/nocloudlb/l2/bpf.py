@@ -30,7 +30,8 @@ The responder process (responder.py) uses a narrower program, :func:`answer_prog
 whenever the addresses it answers change: it passes only ARP requests and NS whose target is
 one of those addresses, plus the frames the conflict check watches (ARP with a watched sender
 address, NS/NA with a watched target). Classic BPF has no maps, so the addresses are compared
-one by one (one instruction each, JIT-compiled by the kernel); above ``EXACT_LIMIT`` addresses
+one by one (one instruction each, JIT-compiled by the kernel); NAs for answered targets pass too
+(another MAC announcing an address answered here: the wire rule, l2/disagree.py); above ``EXACT_LIMIT`` addresses
 of a family the program falls back to the opcode/type test (every ARP request, every NS), and
 Python's set lookup does the rest. The announcer's own sockets only send: :data:`DROP_ALL`.
 """
@@ -229,11 +230,12 @@ def answer_program(answer: set[bytes] | frozenset[bytes], watch: set[bytes] | fr
     else:
         _member6(src, {ip for ip in answer | watch if len(ip) == 16}, "ns")
         src.append((RET, 0))
-    src += [("label", "na")]
-    if len(w6) > limit:
+    src += [("label", "na")]  # NAs for watched targets and for answered ones (another MAC announcing them)
+    na6 = {ip for ip in answer | watch if len(ip) == 16}
+    if len(na6) > limit:
         src.append((RET, _ACCEPT))
     else:
-        _member6(src, {ip for ip in watch if len(ip) == 16}, "na")
+        _member6(src, na6, "na")
         src.append((RET, 0))
     prog = tuple(assemble(src))
     return prog if len(prog) <= MAX_INSNS else ARP_NDP_PROGRAM

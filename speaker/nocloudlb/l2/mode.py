@@ -58,6 +58,7 @@ from nocloudlb.core.election import (
 
 from .. import logs
 from ..metadata import MAX_MACS
+from .disagree import WireRule
 
 log = logging.getLogger("nocloudlb.speaker")
 
@@ -369,7 +370,8 @@ class L2Mode:
                  member_macs: Callable[[], dict[str, tuple[bytes, ...]]] = dict,
                  handover: Any = None, post: Callable[[], None] = lambda: None,
                  other_lo: Callable[[], set[str]] = set,
-                 suspecters: Callable[[], frozenset[str]] = frozenset) -> None:
+                 suspecters: Callable[[], frozenset[str]] = frozenset,
+                 quorum: Callable[[], bool] = lambda: True) -> None:
         self.announcer = announcer
         self.delivery = delivery
         self.state_dir = state_dir
@@ -379,6 +381,8 @@ class L2Mode:
         self.post = post
         self.other_lo = other_lo  # VIPs other modes serve (BGP): held on lo here as well, never announced
         self.suspecters = suspecters  # members that suspect this node (heartbeat.py): it yields them their part
+        self.quorum = quorum  # connected to a majority (nocloudlb.core.quorum): may take VIPs it does not hold
+        self.wire = WireRule(self._member_of, post)  # take only with quorum; the wire as the last word
         self._fwd_to: dict[str, str] = {}  # ip -> the member its handover forwarding goes to
         self._fwd_suspect: set[str] = set()  # ... when that member was only suspected (heartbeats)
         self._yielded: set[str] = set()  # VIPs this node gave up to a member suspecting it, not yet taken back
@@ -427,9 +431,11 @@ class L2Mode:
         # last full apply, nothing waiting or under check, lo in sync: nothing else to do
         other = frozenset(self.other_lo())
         suspecters = self.suspecters()
+        quorum = self.quorum()
         key = (me, tuple((n.name, n.state, tuple(sorted(n.labels.items())), n.healthy) for n in nodes),
-               id(parsed), gate, other, suspecters, self.arp_unsafe)
-        if key == self._applied and not self._waiting and not self._busy and self._lo_wanted is not None:
+               id(parsed), gate, other, suspecters, self.arp_unsafe, quorum)
+        if key == self._applied and not self._waiting and not self._busy and self._lo_wanted is not None \
+                and not self.wire.pending():
             return
         self._applied = None
         self.applies += 1
@@ -522,6 +528,16 @@ class L2Mode:
                     r.announcing, r.reason = False, "arpSysctlUnsafe"
                     new_stale.add(i)  # decided again next time (rows are reused only unchanged)
                     changed.append(r)
+        # when nodes disagree (l2/disagree.py): nothing new without quorum; what the wire made it yield
+        held_back = self.wire.hold_back(me, quorum, final, self._announced, candidates,
+                                        {r.ip: r.leader for r in rows if r.announcing and r.leader})
+        if held_back:
+            final = {ip: ifs for ip, ifs in final.items() if ip not in held_back}
+            for i, r in enumerate(rows):
+                if r.announcing and r.ip in held_back:
+                    r.announcing, r.reason = False, held_back[r.ip]
+                    new_stale.add(i)
+                    changed.append(r)
 
         # 1. withdraw first: stop answering for what this node no longer leads, before anything slow
         kept = {ip: ifs for ip, ifs in self._announced.items() if ip in final}
@@ -610,7 +626,7 @@ class L2Mode:
         seen = [(r, seen_key(r, l2)) for r in watch.values()]
         # busy: a won VIP the announcer has not taken yet (RFC 5227 check, or not yet picked up): decide
         # again soon even with nothing else changed, so its serviceAnnounced is logged when it is answered
-        self._busy = bool(self._waiting) or any(k in _PENDING for _r, k in seen)
+        self._busy = bool(self._waiting) or bool(self.wire.yielded) or any(k in _PENDING for _r, k in seen)
         self._log_seen(seen, me, present={(r.service, r.ip) for r in rows})
         self._rows_idx, self._rows_for, self._stale = rows, entries, new_stale
         for cls, decided in decided_now:
@@ -693,6 +709,7 @@ class L2Mode:
                 "announced": sorted(self._announced) if len(self._announced) <= 1000 else len(self._announced),
                 "forwarding": fwd,
                 "responder": getattr(self.announcer, "responder_status", dict)(),  # answer: alarm when not up
+                "quorum": self.quorum(), "wire": self.wire.status(),
                 "applies": self.applies, "lastApplyMs": self.last_apply_ms,
                 "recentApplies": [list(a) for a in self.recent_applies]}
 
@@ -793,6 +810,13 @@ class L2Mode:
                        "that may have moved", reasons=sorted(reasons), nodes=sorted(set().union(*reasons.values())),
                        count=len(ips), ips=ips[:50], node=self.me)
         return ips
+
+    def _member_of(self, mac: bytes) -> str | None:
+        """The member that published ``mac`` (None: not a member's)."""
+        for name, macs in self.member_macs().items():
+            if mac in macs:
+                return name
+        return None
 
     def is_peer_mac(self, mac: bytes) -> bool:
         """A MAC another member published (answers from it are a handover, not a conflict)."""

@@ -56,6 +56,7 @@ _PAD = b"\x00" * 18  # 42-byte ARP reply padded to 60
 FLUSH_EVERY = 0.1
 RCVBUF = 4 << 20  # a burst of requests waits in the socket instead of being dropped
 REFILTER_AFTER = 0.2
+CLAIM_EVERY = 0.05
 
 
 @dataclass(eq=False)
@@ -86,6 +87,7 @@ class Responder:
         self.counts: dict[bytes, list[int]] = {}
         self.buf = b""
         self.reported = 0
+        self.claims: dict[bytes, float] = {}  # address -> when another MAC's announcement of it was reported
         self.refilters = 0
         self.last_flush = 0.0
         self.changed = False
@@ -212,6 +214,8 @@ class Responder:
                     self.send(port, sha + port.arp_head + tpa + sha + spa + _PAD, tpa)
                 if spa in watch:
                     self.report(port, data)
+                elif spa == tpa and spa in answer:  # another MAC announces an address answered here
+                    self.claim(port, spa, data)
             elif data[12:14] == _ETH_IP6 and len(data) >= 78:
                 target = data[62:78]
                 if data[54] == ndp.NS and target in answer:
@@ -223,6 +227,8 @@ class Responder:
                     self.send(port, ndp.reply_to(pkt, mac), target)
                 elif target in watch and data[6:12] != mac:
                     self.report(port, data)
+                elif data[54] == ndp.NA and target in answer and data[6:12] != mac:
+                    self.claim(port, target, data)
 
     def send(self, port: _Port, frame: bytes, ip: bytes) -> None:
         c = self.counts.get(ip)
@@ -236,6 +242,17 @@ class Responder:
         c[1] += 1
         port.answered += 1
         self.changed = True
+
+    def claim(self, port: _Port, ip: bytes, data: bytes) -> None:
+        """Report another MAC's announcement of an address answered here (at most one per address per
+        CLAIM_EVERY s: a flood of forged announcements costs the daemon little)."""
+        now = time.monotonic()
+        if now - self.claims.get(ip, -1.0) < CLAIM_EVERY:
+            return
+        if len(self.claims) > 4096:
+            self.claims.clear()
+        self.claims[ip] = now
+        self.report(port, data)
 
     def report(self, port: _Port, data: bytes) -> None:
         self.reported += 1

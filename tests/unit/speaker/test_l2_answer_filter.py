@@ -69,7 +69,9 @@ def test_only_requests_for_answered_addresses_pass():
     assert not run(prog, arp_req(VIP4, op=2))  # a reply: nothing to answer, nothing watched
     assert not run(prog, ns("2001:db8:1::201"))
     assert not run(prog, ns("2001:db8:7::200"))  # same last 32 bits, other prefix
-    assert not run(prog, na(VIP6))
+    assert run(prog, na(VIP6))  # another MAC announcing an answered address: the wire rule reads it
+    assert not run(prog, na("2001:db8:1::201"))
+    assert run(prog, arp_req(VIP4, sender=VIP4))  # a gratuitous ARP (request form) for it, likewise
     assert not run(prog, arp_req(VIP4), pkttype=bpf.PACKET_OUTGOING)
     assert not run(prog, arp_req(VIP4), vlan=True)
     assert not run(prog, bytes(Ether(src=MAC) / IPv6(src="2001:db8:1::2", dst=VIP6)))

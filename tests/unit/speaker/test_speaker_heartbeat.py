@@ -10,6 +10,7 @@ import pytest
 from inproc_speaker import free_ports
 from nocloudlb.config import parse
 from nocloudlb.heartbeat import (
+    MAX_PACKET,
     Heartbeat,
     Packet,
     PacketError,
@@ -157,7 +158,11 @@ def test_a_silent_member_is_suspected_by_the_others_and_is_cut_off_itself(trio):
     wait_for(lambda: hbs["n2"].view().suspected == {"n1"} and hbs["n3"].view().suspected == {"n1"},
              what="n2 and n3 suspect n1")
     wait_for(lambda: hbs["n1"].view().cut_off, what="n1 cut off")
-    assert hbs["n1"].view().suspecters == {"n2", "n3"}  # it yields what they take
+    # it cannot tell their death from its isolation: it keeps what it holds (nobody to yield to that it
+    # could hear), has no quorum, so takes nothing; the others keep quorum (two of three)
+    assert hbs["n1"].view().suspecters == frozenset()
+    assert not hbs["n1"].view().quorum
+    assert hbs["n2"].view().quorum and hbs["n3"].view().quorum
     assert not hbs["n1"].view().suspected  # and grabs nothing
     assert hbs["n2"].view().suspecters == frozenset()
     # its own gossip comes to suspect them too (it hears nobody): still cut off, still grabs nothing
@@ -392,3 +397,122 @@ def test_a_routine_datagram_is_taken_by_the_fast_path_and_anything_else_by_decod
                   routine[:-1] + bytes([routine[-1] ^ 1]), routine[:10], b"",
                   b"NLH2\x00\x00" + routine[6:], b"NLH2\x00\xff" + routine[6:]):  # empty, overlong sender
         assert hb._routine(other) is None
+
+
+def everyone_heard(hb: Heartbeat) -> bool:
+    peers = hb.status()["peers"]
+    return bool(peers) and all(p["heardMsAgo"] is not None and p["hearsMe"] for p in peers.values())
+
+
+# -- when nodes disagree: hearing is not being heard, quorum, bounded datagrams, rejections by reason --------
+def test_flags_for_quorum_deafness_and_cut_lists_roundtrip():
+    key = derive_keys([K1])[0]
+    p = decode(encode(pkt(missing=("n3",)), key, no_quorum=True, deaf=True), [key])
+    assert p.no_quorum and p.deaf and not p.partial and p.missing == ("n3",)
+    q = decode(encode(pkt(), key), [key])
+    assert not q.no_quorum and not q.deaf
+
+
+@pytest.mark.parametrize("members", [10, 100, 1000])
+def test_a_datagram_never_exceeds_the_receive_limit_whatever_is_missing(members):
+    """1,000 missing members with 63-byte names (and long own names, and a meta): the datagram stays
+    within MAX_PACKET and decodes; the list is cut (F_PARTIAL) and rotates so every name travels."""
+    key = derive_keys([K1])[0]
+    names = tuple(sorted(f"{i:04d}-" + "x" * 58 for i in range(members)))
+    assert all(len(n) == 63 for n in names)
+    seen: set[str] = set()
+    for seq in range(1, 400):
+        p = pkt(sender="s" * 255, recipient="r" * 255, seq=seq, missing=names, meta={"m": "v" * 400})
+        data = encode(p, key)
+        assert len(data) <= MAX_PACKET
+        got = decode(data, [key])
+        assert set(got.missing) <= set(names)
+        assert got.partial == (members > 15)
+        seen |= set(got.missing)
+    assert seen == set(names)
+
+
+def test_a_meta_too_large_for_the_datagram_is_left_to_gossip():
+    key = derive_keys([K1])[0]
+    data = encode(pkt(meta={"m": "v" * 3000}), key)
+    assert len(data) <= MAX_PACKET and decode(data, [key]).meta is None
+
+
+def test_inbound_loss_is_told_apart_from_a_cut(trio):
+    """n1 stops *receiving* (an inbound filter): it hears nobody, while n2 and n3 still hear it. n1 says
+    so in the datagrams it still sends (F_DEAF, F_NO_QUORUM): the others know it is deaf and without
+    quorum (they leave it out of the election), they keep quorum, and nobody suspects anybody."""
+    hbs, ports, connect = trio
+    wait_for(lambda: all(everyone_heard(hb) for hb in hbs.values()), what="everyone heard")
+    assert all(hb.view().quorum for hb in hbs.values())
+    deaf = hbs["n1"]
+    # n1's sockets stop reading: what others send it goes nowhere (like an inbound drop rule)
+    deaf._receive_all = lambda routine=True, news=True: None  # type: ignore[method-assign]
+    wait_for(lambda: not deaf.view().quorum, what="n1 loses quorum")
+    wait_for(lambda: hbs["n2"].view().no_quorum == {"n1"} and hbs["n3"].view().no_quorum == {"n1"},
+             what="n2 and n3 know n1 has no quorum")
+    assert hbs["n2"].view().deaf_to == {"n1"} and hbs["n2"].view().quorum and hbs["n3"].view().quorum
+    assert not hbs["n2"].view().suspected and not hbs["n3"].view().suspected  # n1 is heard: nobody suspected
+    assert deaf.view().suspecters == frozenset() and not deaf.view().suspected
+
+
+def test_a_node_alone_of_three_configured_has_no_quorum_until_it_hears_a_peer():
+    """An isolated boot: configured for three, nobody heard: no quorum (it takes nothing)."""
+    (port,) = free_ports(1)
+    hb = Heartbeat("n1", "127.0.0.1", port, [K1], 0.02, 4)
+    hb.set_quorum_basis(3, 1)
+    hb.start()
+    try:
+        hb.set_peers({})
+        time.sleep(0.2)
+        assert not hb.view().quorum and hb.view().total == 3
+        hb.set_quorum_basis(1, 1)  # a cluster of one has quorum alone
+        wait_for(lambda: hb.view().quorum, what="quorum alone in a one-member cluster")
+    finally:
+        hb.close()
+
+
+def test_a_witness_is_one_vote_more():
+    (port,) = free_ports(1)
+    hb = Heartbeat("n1", "127.0.0.1", port, [K1], 0.02, 4)
+    answers = {"up": False}
+    hb.set_quorum_basis(2, 2)
+    hb.set_witness(lambda: answers["up"])
+    hb.start()
+    try:
+        hb.set_peers({})  # the other node of two is gone
+        time.sleep(0.2)
+        assert not hb.view().quorum and hb.view().total == 3
+        answers["up"] = True
+        hb.witness_changed()
+        wait_for(lambda: hb.view().quorum, what="quorum with the witness")
+        assert hb.view().votes == 2
+    finally:
+        hb.close()
+
+
+def test_rejected_datagrams_are_counted_by_reason(trio):
+    hbs, ports, _connect = trio
+    wait_for(lambda: all(everyone_heard(hb) for hb in hbs.values()), what="everyone heard")
+    target = hbs["n2"]
+    old = derive_keys([K2])[0]
+    target.set_keys([K1])  # K2 was never in the ring: a bad MAC
+    target._retired = [old]  # as if K2 had been retired by a rotation
+    key = derive_keys([K1])[0]
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        dest = ("127.0.0.1", ports["n2"])
+        s.sendto(encode(pkt(sender="n1", recipient="n2", boot=1, seq=1), key), dest)
+        s.sendto(b"x" * (MAX_PACKET + 10), dest)
+        s.sendto(b"garbage", dest)
+        s.sendto(encode(pkt(sender="n1", recipient="n2", seq=1), old), dest)
+        s.sendto(encode(pkt(sender="zz", recipient="n2", seq=1), key), dest)
+        s.sendto(encode(pkt(sender="n1", recipient="n9", seq=1), key), dest)
+        want = {"tooLong", "notHeartbeat", "retiredKey", "unknownSender", "notForMe", "oldBoot"}
+        deadline = time.monotonic() + 3
+        while not want <= set(target.status()["rejected"]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert want <= set(target.status()["rejected"]), target.status()["rejected"]
+    finally:
+        s.close()
+    assert target.view().quorum and not target.view().suspected  # nothing a datagram said changed its mind
