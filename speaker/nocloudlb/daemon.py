@@ -426,6 +426,7 @@ class Speaker:
                        "failure detection falls back to gossip (slower)", logging.ERROR)
             return
         self.heartbeat = hb
+        hb.on_quorum = lambda: self.post(f"heal\tquorumGained\t{settings.name}")
         hb.set_meta(meta)
         if self.cfg is not None and self.cfg.witness:
             from .witness import Witness  # noqa: PLC0415

@@ -393,6 +393,7 @@ class Heartbeat:
         self.miss = int(miss)
         self.timeout = self.interval * self.miss
         self.on_change = on_change
+        self.on_quorum: Callable[[], None] | None = None  # called when quorum is gained back (not at start)
         self.log = logger or logging.getLogger("nocloudlb.heartbeat")
         self._keys = derive_keys(keys)
         self._boot = time.time_ns()
@@ -815,6 +816,8 @@ class Heartbeat:
                   logging.INFO if view.quorum else logging.WARNING, votes=view.votes, total=view.total,
                   connected=sorted(view.connected))
             send_now = True  # the peers learn it at once (F_NO_QUORUM)
+            if view.quorum and self.on_quorum is not None:
+                self.on_quorum()  # back in the majority: what it kept may have moved meanwhile (re-announce)
         if view.suspected != old.suspected or view.suspecters != old.suspecters or view.cut_off != old.cut_off:
             for n in sorted(view.suspected - old.suspected):
                 self.counters["suspicions"] += 1

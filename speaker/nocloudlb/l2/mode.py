@@ -27,7 +27,8 @@ drain, leave); answers from members' MACs (each member publishes the MACs of the
 announces on) are a handover, never a conflict.
 
 Heals (``on_heal``): re-announce only what may have moved behind this node's back: after this
-node was doubted (``refuted``) or paused (``resumed``), every VIP it leads; after a peer came back
+node was doubted (``refuted``), paused (``resumed``) or back in the majority after it kept its
+VIPs without quorum (``quorumGained``), every VIP it leads; after a peer came back
 (``memberJoined``), the VIPs it leads for which that peer is a candidate; a refuted suspicion of a
 peer (``memberRecovered``) moved nothing and re-announces nothing.
 """
@@ -791,7 +792,7 @@ class L2Mode:
         reasons: dict[str, set[str]] = {}
         want: set[str] = set()
         for reason, node in heals:
-            if reason in ("refuted", "resumed"):
+            if reason in ("refuted", "resumed", "quorumGained"):  # quorumGained: it kept them in a minority
                 picked = set(led)
             elif reason == "memberJoined":
                 picked = {ip for ip in led if node in self._candidates.get(ip, ())}
