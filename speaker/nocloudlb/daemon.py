@@ -426,6 +426,7 @@ class Speaker:
                        "failure detection falls back to gossip (slower)", logging.ERROR)
             return
         self.heartbeat = hb
+        self._warn_even_cluster()
         hb.on_quorum = lambda: self.post(f"heal\tquorumGained\t{settings.name}")
         hb.set_meta(meta)
         if self.cfg is not None and self.cfg.witness:
@@ -440,6 +441,13 @@ class Speaker:
                            "its vote counts as absent", logging.ERROR)
             self.witness = w
             hb.set_witness(w.up)
+
+    def _warn_even_cluster(self) -> None:
+        if self.cfg is not None and not self.cfg.witness and self.configured_members() % 2 == 0:
+            logs.event(log, "quorumWithoutWitness", "an even number of configured members and no memberlist.witness: "
+                       "a crash in a two-node cluster (an even split in a larger one) leaves no side with a majority, "
+                       "so the dead node's VIPs stay unowned; name the gateway as witness", logging.WARNING,
+                       members=self.configured_members())
 
     def configured_members(self) -> int:
         """The members the config names: the join list's addresses and this node's bind, once each."""
