@@ -10,8 +10,10 @@ The rule (docs/concepts.md, "When nodes disagree"):
    its latest one does not say that it stops hearing this node (hearing and being heard are
    separate facts: a node whose inbound traffic is lost hears nobody and says so in the heartbeats
    it still sends). ``total`` is the larger of the configured members (the join list with this
-   node) and the members gossip knows (alive, suspect or dead, not left), so a cluster that grew
-   beyond its join lists never lets two halves both count a majority. A witness (an address on
+   node, less the members that left gracefully: they withdrew everything before leaving and
+   compete for nothing, so a rolling restart keeps quorum) and the members gossip knows (alive,
+   suspect or dead), so a cluster that grew beyond its join lists never lets two halves both count
+   a majority. A witness (an address on
    the announce segment, such as the gateway) adds one vote to ``total`` and one to ``votes``
    while it answers: a two-node cluster then fails over on a crash, yet a node alone without the
    witness takes nothing.

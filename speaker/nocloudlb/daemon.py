@@ -463,9 +463,17 @@ class Speaker:
             return False
         members = self.membership.members()
         alive = sum(1 for m in members if m.state in ("alive", "suspect") and m.name != self.cfg.node_name)
-        known = sum(1 for m in members if m.state != "left")
-        return has_quorum(alive, self.configured_members(), known, bool(self.cfg.witness),
+        return has_quorum(alive, *self._quorum_basis(members), bool(self.cfg.witness),
                           self.witness is not None and self.witness.up())
+
+    def _quorum_basis(self, members: list) -> tuple[int, int]:
+        """(configured, known) for the quorum: the configured members less those that left gracefully (a
+        member that left withdrew everything first, it competes for nothing: a rolling restart of a
+        two-node cluster keeps quorum), and the members gossip knows alive, suspect or dead, this one too."""
+        assert self.cfg is not None
+        left = sum(1 for m in members if m.state == "left" and m.name != self.cfg.node_name)
+        known = sum(1 for m in members if m.state != "left" and m.name != self.cfg.node_name) + 1
+        return max(1, self.configured_members() - left), known
 
     def _suspecters(self) -> frozenset[str]:
         """Members that suspect this node now (heartbeat.py's rule 2 and 3): it yields them the VIPs
@@ -661,9 +669,7 @@ class Speaker:
                 continue  # no port to offset: no heartbeat for it
             peers[m.name] = ((host, port + offset), m.state)
         self.heartbeat.set_peers(peers)
-        known = sum(1 for m in members if m.state != "left") + (0 if any(m.name == self.cfg.node_name
-                                                                           for m in members) else 1)
-        self.heartbeat.set_quorum_basis(self.configured_members(), known)
+        self.heartbeat.set_quorum_basis(*self._quorum_basis(members))
 
     def _publish(self) -> None:
         assert self.membership is not None

@@ -526,9 +526,11 @@ class Heartbeat:
         self._keys = new
 
     def set_quorum_basis(self, configured: int, known: int) -> None:
-        """The members configured (join list and this node) and known to gossip (this node included)."""
+        """The members configured (join list and this node, less those that left gracefully) and known to
+        gossip (alive, suspect or dead; this node included)."""
+        configured, known = max(1, int(configured)), max(1, int(known))
         if (configured, known) != (self._configured, self._known):
-            self._configured, self._known = max(1, int(configured)), max(1, int(known))
+            self._configured, self._known = configured, known
             self._dirty = True
             self._kick.set()
 
