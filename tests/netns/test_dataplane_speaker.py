@@ -27,7 +27,8 @@ def netns_prefix() -> str:
 def test_speakers_forward_dr_maglev_and_a_takeover_keeps_connections(make_segment, tmp_path):
     seg = make_segment(hosts=2)
     docs = resources("dr", "maglev", ports=((80, "TCP"),))
-    cluster = SpeakerCluster(seg, tmp_path, resources=docs)
+    # two nodes: the client votes in the quorum as witness, so the survivor of a kill -9 takes over
+    cluster = SpeakerCluster(seg, tmp_path, resources=docs, memberlist_extra={"witness": seg.client.ipv4})
     seg.attach("n3", ["198.51.100.13/24"])
     seg.attach("n4", ["198.51.100.14/24"])
     prepare(seg, "dr")

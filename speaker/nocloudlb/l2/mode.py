@@ -56,6 +56,7 @@ from nocloudlb.core.election import (
     layer2_reason,
     preferred_scores,
 )
+from nocloudlb.core.quorum import REASON_YIELDED_ON_WIRE
 
 from .. import logs
 from ..metadata import MAX_MACS
@@ -617,7 +618,7 @@ class L2Mode:
                 leaders[ip] = self._leaders[ip]
         self._leaders = leaders
         self._candidates = candidates
-        self._yielded = {r.ip for r in rows if r.reason == "suspectedByPeer"} | {
+        self._yielded = {r.ip for r in rows if r.reason in ("suspectedByPeer", REASON_YIELDED_ON_WIRE)} | {
             r.ip for r in rows if r.ip in self._yielded and r.reason == "" and r.ip not in self._announced}
         # log what changed: rows decided differently, and the rows this node wins (the L2 layer's
         # state shows in them); the others are as they were logged before
