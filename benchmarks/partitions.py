@@ -113,26 +113,35 @@ def picture(results: list[RowResult], path: Path) -> None:
             vips = sorted(res.timeline)
             end = max((s[-1][0] for s in res.timeline.values() if s), default=1.0) + 0.1
             for lane, ip in enumerate(vips):
-                runs: list[list] = []  # [colour key, x, width]: one bar per run of samples with the same answer
+                # one bar per run of samples with the same answer (each lasting until the next sample), split
+                # into one stripe per answering node, with a magenta band on top when two or more answered
+                runs: list[list] = []  # [names, x, width]
                 samples = res.timeline[ip]
                 for i, (t, names) in enumerate(samples):
-                    state = "two" if len(names) >= 2 else (names[0] if names else "none")
                     width = min((samples[i + 1][0] if i + 1 < len(samples) else t + 0.1) - t, 0.3)
-                    if runs and runs[-1][0] == state and abs(runs[-1][1] + runs[-1][2] - t) < 0.15:
+                    if runs and runs[-1][0] == names and abs(runs[-1][1] + runs[-1][2] - t) < 0.15:
                         runs[-1][2] = t + width - runs[-1][1]
                     else:
-                        runs.append([state, t, width])
-                for state, x, width in runs:
-                    color = {"two": "#FF00FF", "none": "#000000"}.get(state) or COLORS.get(state, "#999999")
-                    ax.broken_barh([(x, width)], (lane - 0.4, 0.8), color=color)
+                        runs.append([names, t, width])
+                for names, x, width in runs:
+                    if not names:
+                        ax.broken_barh([(x, width)], (lane - 0.4, 0.8), color="#000000")
+                        continue
+                    h = 0.8 / len(names)
+                    for k, name in enumerate(names):
+                        ax.broken_barh([(x, width)], (lane - 0.4 + k * h, h), color=COLORS.get(name, "#999999"))
+                    if len(names) >= 2:
+                        ax.broken_barh([(x, width)], (lane + 0.4, 0.15), color="#FF00FF")
             ax.axvline(0, color="#333333", lw=0.8, ls="--")
             ax.text(0.05, len(vips) - 0.45, "fault", fontsize=6, va="bottom")
             if res.info.get("heal") is not None:
                 healed_at = res.info["heal"] - res.info["fault"]
                 ax.axvline(healed_at, color="#333333", lw=0.8, ls="--")
                 ax.text(healed_at + 0.05, len(vips) - 0.45, "healed", fontsize=6, va="bottom")
-            ax.set_yticks(range(len(vips)), vips, fontsize=6)
-            ax.set_ylim(-0.6, len(vips) + 0.2)
+            leaders = res.info.get("leaders", {})
+            ax.set_yticks(range(len(vips)), [f"{ip} ({leaders.get(ip, '?')})" for ip in vips], fontsize=6)
+            ax.set_ylabel("VIP (elected node)", fontsize=6)
+            ax.set_ylim(-0.6, len(vips) + 0.3)
             ax.set_xlim(min(-1.0, min((s[0][0] for s in res.timeline.values() if s), default=-1.0)), end)
             verdict = "within the bounds" if not res.problems() else "OUT OF BOUNDS"
             ax.set_title(f"{profile}: {res.row.title} [{verdict}]", fontsize=7, loc="left")
@@ -140,7 +149,8 @@ def picture(results: list[RowResult], path: Path) -> None:
     for ci in range(len(profiles)):
         axes[-1][ci].set_xlabel("seconds since the fault", fontsize=7)
     handles = [Patch(color=c, label=f"{n} answers") for n, c in COLORS.items()]
-    handles += [Patch(color="#FF00FF", label="two or more MACs"), Patch(color="#000000", label="no answer")]
+    handles += [Patch(color="#FF00FF", label="two or more MACs (band above the stripes)"),
+                Patch(color="#000000", label="no answer")]
     fig.legend(handles=handles, loc="upper right", ncol=6, fontsize=7)
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.25 / (0.6 + 1.3 * len(keys))))
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -312,6 +312,7 @@ class RowResult:
     settle: float
     info: dict[str, Any]
     timeline: dict[str, list[tuple[float, list[str]]]] = field(default_factory=dict)  # vip -> (t - fault, names)
+    witness: str = ""  # the two-node row: what served as witness
 
     def owners(self) -> dict[str, list[str]]:
         """Per VIP, the nodes whose MAC answered from the fault to the end."""
@@ -359,5 +360,6 @@ def run_row(m: Matrix, row: Row) -> RowResult:
     whole = arp_sampler.figures(samples, t_fault, t_end)
     timeline = {ip: [(round(t - t_fault, 3), [m.name_of(x) for x in macs]) for t, macs in s]
                 for ip, s in samples.items()}
+    info["leaders"] = {ip: m.name_of(mac) for ip, mac in leaders.items()}
     return RowResult(row, m.profile, whole.two_owner, whole.no_owner, after.healed_after if after else None,
                      during, after, time.time() - t0, settle, info, timeline)
