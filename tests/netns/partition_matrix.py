@@ -320,6 +320,10 @@ class RowResult:
 
     def problems(self) -> list[str]:
         r, out = self.row, []
+        expected = len(self.info.get("leaders", {})) * (self.info["end"] - self.info["fault"]) / INTERVAL
+        if self.during.samples + (self.after.samples if self.after else 0) < 0.8 * expected:
+            out.append(f"only {self.during.samples + (self.after.samples if self.after else 0)} samples of "
+                       f"{expected:.0f} expected: the sampler fell behind or died")
         if self.two_owner > r.two_owner + 1e-9:
             out.append(f"two owners for {self.two_owner:.2f} s (bound {r.two_owner:g} s)")
         if r.no_owner is not None and self.no_owner > r.no_owner + 1e-9:
@@ -361,5 +365,6 @@ def run_row(m: Matrix, row: Row) -> RowResult:
     timeline = {ip: [(round(t - t_fault, 3), [m.name_of(x) for x in macs]) for t, macs in s]
                 for ip, s in samples.items()}
     info["leaders"] = {ip: m.name_of(mac) for ip, mac in leaders.items()}
+    info["end"] = t_end
     return RowResult(row, m.profile, whole.two_owner, whole.no_owner, after.healed_after if after else None,
                      during, after, time.time() - t0, settle, info, timeline)
