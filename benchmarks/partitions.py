@@ -17,7 +17,7 @@ Run as root, under the namespace tests' lock (``make chaos-partitions`` does bot
 
     .venv/bin/python benchmarks/partitions.py [--profiles fast,lan] [--rows inbound-drop,...] [--docs]
 
-About 2.5 minutes per profile.
+About 2 minutes per profile.
 """
 
 from __future__ import annotations

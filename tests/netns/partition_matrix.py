@@ -59,7 +59,7 @@ def witness_problem(witness: str = "198.51.100.2") -> str:
     try:
         parse(doc)
     except ConfigError as exc:
-        return str(exc).splitlines()[0]
+        return str(exc).splitlines()[0].split(" (timing fields")[0]
     return ""
 
 

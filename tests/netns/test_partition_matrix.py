@@ -19,7 +19,7 @@ every VIP, from the fault until the cluster is steady again:
 "One owner after healing" is the elected node's MAC alone in every sample from then on (watched
 until it held 1.5 s, at least 4 s after healing). One cluster per size serves its rows in turn; a
 row that leaves it in disagreement gets it restarted before the next one. The whole file takes
-about 3 minutes. The same rows for both profiles, with pictures: ``make chaos-partitions``.
+about 2 minutes. The same rows for both profiles, with pictures: ``make chaos-partitions``.
 """
 
 from __future__ import annotations
