@@ -13,7 +13,7 @@ APT_PACKAGES := debootstrap iproute2 iputils-ping arping tcpdump nftables curl n
 # by the monitoring tests when present; not installed here, as it starts a server.
 APT_PACKAGES += graphviz
 
-.PHONY: help deps venv lint unit fuzz fuzz-long sanity netns labtests molecule install-test docs-check test lab lab-down bench bench-long bench-failover bench-side-by-side build clean chaos chaos-short
+.PHONY: help deps venv lint unit fuzz fuzz-long sanity netns labtests molecule install-test docs-check test lab lab-down bench bench-long bench-failover bench-side-by-side build clean chaos chaos-short chaos-partitions
 
 help:
 	@echo "make test   - install what is needed, then run lint, unit, sanity, namespace and molecule tests"
@@ -21,6 +21,7 @@ help:
 	@echo "make bench  - run the benchmarks and print their figures"
 	@echo "make bench-long - membership (3-80 speakers) and site.yml (10-1,000 services) at size; writes docs/images"
 	@echo "make chaos  - every chaos fault on the lab; writes docs/chaos.md and docs/images/chaos-timeline.png"
+	@echo "make chaos-partitions - the partition matrix (fast and lan); writes its block of docs/chaos.md"
 
 deps:
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -153,3 +154,10 @@ chaos: deps venv
 
 chaos-short: deps venv
 	flock /tmp/nocloudlb-chaos.lock $(PY) tests/chaos/chaos.py --short
+
+# The partition matrix (docs/chaos.md, "When nodes disagree"): the faults where nodes disagree, with real
+# speakers in namespaces, for the fast and lan profiles; rewrites its block of docs/chaos.md,
+# docs/images/partitions-timeline.png and partitions.json (about 5 minutes). `make test` runs the fast
+# rows with their bounds asserted (tests/netns/test_partition_matrix.py, in the netns step).
+chaos-partitions: deps venv
+	flock /tmp/nocloudlb-netns.lock $(PY) benchmarks/partitions.py --docs
