@@ -44,6 +44,7 @@ from collections.abc import Sequence
 #: reasons a VIP is not announced (beside the election's)
 REASON_NO_QUORUM = "noQuorum"
 REASON_YIELDED_ON_WIRE = "yieldedOnWire"
+REASON_SETTLING = "quorumSettling"  # quorum just gained back: the view settles before anything new is taken
 
 
 def quorum_total(configured: int, known: int, witness: bool) -> int:

@@ -426,6 +426,8 @@ class Speaker:
                        "failure detection falls back to gossip (slower)", logging.ERROR)
             return
         self.heartbeat = hb
+        if self.l2 is not None:  # after a heal, a few heartbeat timeouts for the view to settle (l2/disagree.py)
+            self.l2.wire.settle = 3 * hb.timeout
         self._warn_even_cluster()
         hb.on_quorum = lambda: self.post(f"heal\tquorumGained\t{settings.name}")
         hb.set_meta(meta)

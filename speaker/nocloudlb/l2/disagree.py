@@ -12,9 +12,15 @@ mode, between the election and the announcer:
   before this node, the VIP is yielded at once and counted; otherwise it is kept (the other
   side yields by the same rule).
 
-A VIP yielded on the wire is taken back once this node has quorum again and either the member
-it yielded to is no longer a candidate here (unreachable, without quorum, drained, gone) or
-``CONTEST_HOLD`` seconds have passed (the election, computed alike on both sides, decides then).
+A VIP yielded on the wire is taken back once this node may take again and either the member it
+yielded to is no longer a candidate here (unreachable, without quorum, drained, gone) or
+``CONTEST_HOLD`` seconds have passed (the election, computed alike on both sides, decides then:
+with quorum this node yields only to a candidate it ranks first, which the election then elects).
+
+Settling: a node that gains quorum back (not at start) takes nothing new for ``settle`` seconds
+(the daemon sets it to a few heartbeat timeouts): right after a partition heals its view of the
+others is stale (gossip still holds some of them dead), and a takeover from that view would take
+VIPs from members that are alive and about to be heard; its own VIPs it keeps meanwhile.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from collections.abc import Callable, Iterable, Mapping
 from prometheus_client import Counter
 
 from nocloudlb.core.election import election_order
-from nocloudlb.core.quorum import REASON_NO_QUORUM, REASON_YIELDED_ON_WIRE, contest_yields
+from nocloudlb.core.quorum import REASON_NO_QUORUM, REASON_SETTLING, REASON_YIELDED_ON_WIRE, contest_yields
 
 from .. import logs
 
@@ -36,7 +42,7 @@ log = logging.getLogger("nocloudlb.speaker")
 CONTESTS = Counter("nocloudlb_layer2_contests", "Another member announced a VIP this node announced, by outcome",
                    ["outcome"])
 
-CONTEST_HOLD = 1.0  # seconds a VIP yielded on the wire stays yielded while its taker is still a candidate
+CONTEST_HOLD = 0.2  # seconds a VIP yielded on the wire stays yielded at least (a flickering quorum: no flip-flop)
 MAX_PENDING = 4096  # contests queued between two applies (a flood of forged frames is bounded)
 
 
@@ -50,6 +56,9 @@ class WireRule:
         self._pending: list[tuple[str, str]] = []  # (ip, member) seen on the wire, not judged yet
         self.yielded: dict[str, tuple[str, float]] = {}  # ip -> (member yielded to, when)
         self.counts = {"yielded": 0, "kept": 0, "foreign": 0}
+        self.settle = 0.0  # seconds after quorum is gained back during which nothing new is taken
+        self._had_quorum: bool | None = None  # None: no apply yet
+        self._quorum_since = -1e9
 
     def contest(self, ip: str, mac: bytes) -> None:
         """Called from the announcer's thread for each frame of another MAC announcing ``ip``."""
@@ -72,6 +81,10 @@ class WireRule:
             pending, self._pending = self._pending, []
         announced = set(announced)
         now = time.monotonic()
+        if quorum and self._had_quorum is False:
+            self._quorum_since = now  # gained back (not at start): settle before taking
+        self._had_quorum = quorum
+        may_take = quorum and not self.settling(now)
         for ip, member in pending:
             if ip not in announced or ip in self.yielded:
                 continue  # not ours (any more): nothing to yield
@@ -96,12 +109,17 @@ class WireRule:
             member, at = self.yielded[ip]
             if ip not in final:
                 del self.yielded[ip]  # the election moved it anyway
-            elif quorum and (member not in candidates.get(ip, ()) or now - at >= CONTEST_HOLD):
+            elif may_take and (member not in candidates.get(ip, ()) or now - at >= CONTEST_HOLD):
                 del self.yielded[ip]  # the election decides again, from a view with quorum
         out = {ip: REASON_YIELDED_ON_WIRE for ip in self.yielded if ip in final}
-        if not quorum:
-            out.update((ip, REASON_NO_QUORUM) for ip in final if ip not in announced and ip not in out)
+        if not may_take:
+            why = REASON_SETTLING if quorum else REASON_NO_QUORUM
+            out.update((ip, why) for ip in final if ip not in announced and ip not in out)
         return out
+
+    def settling(self, now: float | None = None) -> bool:
+        """Quorum was gained back less than ``settle`` seconds ago: nothing new is taken yet."""
+        return (time.monotonic() if now is None else now) - self._quorum_since < self.settle
 
     def next_deadline(self) -> float | None:
         """When a yielded VIP may be taken back (monotonic), for the decision loop's next wake-up."""

@@ -485,7 +485,9 @@ class L2Mode:
                 # and never fought.
                 for ip in cls.ipset.difference(announced_before):
                     before = self._leaders.get(ip)
-                    if before and before != me:
+                    if ip in self._yielded and before == me:
+                        skip.add(ip)  # taken back after a yield: it held it, other members' answers are a handover
+                    elif before and before != me:
                         skip.add(ip)
                         if ip in self._yielded:
                             pass  # taken back after a false suspicion: its connections never left this node
@@ -628,7 +630,8 @@ class L2Mode:
         seen = [(r, seen_key(r, l2)) for r in watch.values()]
         # busy: a won VIP the announcer has not taken yet (RFC 5227 check, or not yet picked up): decide
         # again soon even with nothing else changed, so its serviceAnnounced is logged when it is answered
-        self._busy = bool(self._waiting) or bool(self.wire.yielded) or any(k in _PENDING for _r, k in seen)
+        self._busy = bool(self._waiting) or bool(self.wire.yielded) or self.wire.settling() \
+            or any(k in _PENDING for _r, k in seen)
         self._log_seen(seen, me, present={(r.service, r.ip) for r in rows})
         self._rows_idx, self._rows_for, self._stale = rows, entries, new_stale
         for cls, decided in decided_now:

@@ -69,3 +69,19 @@ def test_a_flood_of_contests_is_bounded():
     for _i in range(disagree.MAX_PENDING + 100):
         w.contest(V1, N2)
     assert len(w._pending) == disagree.MAX_PENDING
+
+
+def test_quorum_gained_back_settles_before_anything_new_is_taken():
+    """Right after a heal the view is stale (gossip still holds some members dead): a node that gained
+    quorum back keeps what it holds but takes nothing new for ``settle`` seconds; at start it does not wait."""
+    from nocloudlb.core.quorum import REASON_SETTLING
+
+    w, _posted = rule()
+    w.settle = 0.3
+    final = {V1: [], V2: []}
+    assert w.hold_back("n1", True, final, announced=[], candidates={}, leaders={}) == {}  # start: no settling
+    assert w.hold_back("n1", False, final, announced=[V1], candidates={}, leaders={}) == {V2: REASON_NO_QUORUM}
+    assert w.hold_back("n1", True, final, announced=[V1], candidates={}, leaders={}) == {V2: REASON_SETTLING}
+    assert w.settling()
+    time.sleep(0.35)
+    assert w.hold_back("n1", True, final, announced=[V1], candidates={}, leaders={}) == {}
