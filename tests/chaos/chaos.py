@@ -493,7 +493,9 @@ PHASES: dict[str, Phase] = {p.name: p for p in [
     Phase("loss30", "30 % frame loss at every node for 15 s", lambda c: ph_loss(c, 30)),
     Phase("partition-2+1", "leader cut from its peers and the client (2+1) for 12 s", ph_partition_isolated),
     Phase("partition-leader", "leader cut from its peers, not from the client, for 12 s", ph_partition_leader,
-          goals=False, note="split brain by design: no quorum (MetalLB's model); see docs/chaos.md"),
+          goals=False, note="the lab drops every frame between the leader's port and its peers', broadcasts "
+                            "too: the leader cannot see the new owner's announcement, cannot tell this from "
+                            "every node being cut, and keeps its VIP (docs/concepts.md, the wire rule's limit)"),
     Phase("gossip", "gossip sockets destroyed inside the leader's running speaker (ss -K)", ph_gossip_sockets),
     Phase("reboot", "graceful reboot of the leader's lab host", ph_reboot),
     Phase("drain", "leader drained, its speaker restarted, its host power-cycled, then undrained", ph_drain),
