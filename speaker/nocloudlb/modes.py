@@ -64,6 +64,14 @@ TRIP_MEMORY = 600.0
 LOUD_EVERY = 60.0
 
 
+class StepFailed(Exception):
+    """A step failed behind its barrier (already counted and logged) and the caller cannot go on."""
+
+    def __init__(self, step: str, error: str) -> None:
+        super().__init__(f"{step}: {error}")
+        self.step, self.error = step, error
+
+
 class FailClock:
     """When a failure has lasted ``bound`` seconds the clock trips; once tripped it stays so until the
     failing thing has succeeded for the hold time (``RECOVER_HOLD``, doubled at each trip within

@@ -21,7 +21,7 @@ import kinship
 import pytest
 from inproc_speaker import pool_docs, run_loop, service_doc, vips_led, wait_for
 from nocloudlb.core.election import DRAIN_LABEL
-from nocloudlb.modes import ModeRunner
+from nocloudlb.modes import FAIL_BOUND, ModeRunner
 from prometheus_client import CollectorRegistry, generate_latest
 
 pytestmark = pytest.mark.timeout(90)
@@ -175,7 +175,7 @@ def test_a_mode_failing_past_the_bound_excludes_the_node_by_a_planned_move(harne
         t0 = time.monotonic()
         sp.post()
         wait_for(lambda: peer_sees_drained(peer), 15, "the peer sees the node drained")
-        assert time.monotonic() - t0 >= sp.FAIL_BOUND - 0.5, "drained before the bound"
+        assert time.monotonic() - t0 >= FAIL_BOUND - 0.5, "drained before the bound"
         wait_for(lambda: sp.journal.announced() == {}, 5, "layer 2 hands over once drained")
         assert "toy" in sp.status()["failClosed"]["reason"]
         toy.failing = False
@@ -206,7 +206,7 @@ def test_a_failing_view_keeps_what_the_node_holds_then_drains_then_withdraws(har
         assert set(sp.journal.announced()) == mine
         wait_for(lambda: sp.journal.announced() == {}, 15, "withdrawn once the errors persist")
         took = time.monotonic() - t0
-        assert took >= sp.FAIL_BOUND - 0.5, f"withdrawn after {took:.2f}s, before the bound"
+        assert took >= FAIL_BOUND - 0.5, f"withdrawn after {took:.2f}s, before the bound"
         drained = [i for i, e in enumerate(sp.journal) if i >= start and e[0] == "meta" and DRAIN_LABEL in e[1]]
         first_withdrawal = withdrawals(sp.journal, start, mine)[0]
         assert drained and drained[0] < first_withdrawal, "withdrew before publishing the drain"
@@ -235,7 +235,7 @@ def test_errors_shorter_than_the_bound_change_nothing(harness):
         sp.membership.members = Raising(sp.membership.members, times=2)
         sp.post()
         wait_for(lambda: sp.membership.members.calls > 3, 10, "the view works again")
-        time.sleep(sp.FAIL_BOUND + 1.0)
+        time.sleep(FAIL_BOUND + 1.0)
         assert not withdrawals(sp.journal, start, mine), "a short error withdrew"
         assert not [e for e in sp.journal[start:] if e[0] == "meta" and DRAIN_LABEL in e[1]], "a short error drained"
         assert sp.status()["steps"]["view"] == {"errors": 2, "failing": ""}
@@ -257,10 +257,38 @@ def test_when_the_drain_cannot_be_published_the_node_withdraws_at_once(harness):
         sp.post()
         wait_for(lambda: sp.journal.announced() == {}, 15, "withdrawn")
         took = time.monotonic() - t0
-        assert sp.FAIL_BOUND - 0.5 <= took <= sp.FAIL_BOUND + 3.0, took
+        assert FAIL_BOUND - 0.5 <= took <= FAIL_BOUND + 3.0, took
         assert withdrawals(sp.journal, start, mine)
         assert DRAIN_LABEL not in sp.published().labels  # it could not say so: withdrawing is all that is left
     finally:
         sp.post("stop")
         thread.join(timeout=5)
     assert out.get("code") == 0, out
+
+
+# -- a corrupt labels file at start ----------------------------------------------------------------
+def test_a_speaker_with_a_corrupt_labels_file_starts_drained_and_says_so(harness):
+    from nocloudlb.core.control_client import request
+
+    state = harness.tmp / "s" / "state"
+    state.mkdir(parents=True)
+    (state / "labels.json").write_text("\x00garbage{")
+    sp, _peer, _mine = None, None, None
+    vips = vips_led(["s", "p"], 2)
+    docs = pool_docs() + [service_doc(f"svc{i}", ip) for i, ip in enumerate(sorted(vips))]
+    sp = harness.speaker("s", docs, join=["p"])  # started: no crash
+    harness.peer("p", sp.codec.encode({}, []), join=["s"])
+    wait_for(lambda: {m.name for m in sp.membership.members() if m.state == "alive"} == {"s", "p"}, 10, "join")
+    wait_for(sp.membership.first_join_done.is_set, 10, "first join")
+    sp.reconcile()
+    sp.reconcile()
+    st = sp.status()
+    assert DRAIN_LABEL in st["labels"] and DRAIN_LABEL in st["published"]["labels"], st["labels"]
+    (rec,) = st["stateFiles"]
+    assert rec["path"] == str(state / "labels.json") and ".corrupt-" in rec["setAside"] and rec["drained"]
+    assert sp.journal.announced() == {}, "a node whose drain may have been lost announced"
+    res = request(sp.cfg.socket, {"cmd": "label", "unset": [DRAIN_LABEL]}, 5.0)
+    assert res["ok"], res
+    sp.reconcile()
+    sp.reconcile()
+    assert set(sp.journal.announced()) == {ip for ip, leader in vips.items() if leader == "s"}
