@@ -69,7 +69,7 @@ from .heartbeat import Heartbeat
 from .l2.mode import L2View, VipRow
 from .membership import KeyFileError, Membership, MembershipSettings, read_key_file, split_addr
 from .metadata import MAX_META, MetaCodec, PeerInfo
-from .modes import FAIL_BOUND, FailClock, Mode, ModeRunner, Steps, StepFailed
+from .modes import FAIL_BOUND, FailClock, Mode, ModeRunner, StepFailed, Steps
 from .state import LabelStore
 
 log = logging.getLogger("nocloudlb.speaker")

@@ -67,7 +67,7 @@ def _fsync_dir(path: Path) -> None:
 def set_aside(path: Path, reason: str) -> dict[str, Any]:
     """Rename the corrupt state file ``path`` to ``NAME.corrupt-<UTC time>`` in its directory; returns the
     record for ``report_corrupt`` and the status (path, setAside: "" when the rename failed, reason, at)."""
-    at = _dt.datetime.now(_dt.timezone.utc)
+    at = _dt.datetime.now(_dt.UTC)
     target = path.with_name(f"{path.name}.corrupt-{at:%Y%m%dT%H%M%SZ}")
     n = 1
     while target.exists():  # two in the same second: keep both
