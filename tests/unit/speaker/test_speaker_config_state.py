@@ -140,7 +140,8 @@ def test_corrupt_label_file_is_set_aside_not_raised(tmp_path):
     """A corrupt file no longer stops the speaker (test_state_files_corrupt.py has the whole rule)."""
     (tmp_path / "labels.json").write_text("{oops")
     store = LabelStore(tmp_path)
-    assert store.corrupt["reason"].startswith("not JSON") and "drain" in " ".join(store.apply({}))
+    assert store.corrupt["reason"].startswith("not JSON")
+    assert "node.kubernetes.io/exclude-from-external-load-balancers" in store.apply({})
 
 
 def test_cli_validate_and_keygen(tmp_path, capsys):
