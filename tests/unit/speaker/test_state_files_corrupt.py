@@ -145,3 +145,16 @@ def test_a_good_lo_vips_record_is_read(tmp_path):
     path.write_text('{"managed": ["198.51.100.200", "2001:db8::0:1"]}')
     assert _read_state(path) == {"198.51.100.200", "2001:db8::1"}
     assert os.listdir(tmp_path) == ["lo-vips.json"]
+
+
+def test_nocloudlb_status_says_the_node_started_drained(tmp_path):
+    from nocloudlb.statusview import Paint, header
+
+    (tmp_path / "labels.json").write_text("{oops")
+    store = LabelStore(tmp_path)
+    text = header({"node": "n1", "stateFiles": [store.corrupt],
+                   "failClosed": {"reason": "the decision loop has failed for over 3s: view: RuntimeError: x",
+                                  "since": "2026-12-03T07:00:00Z"}}, Paint(False))
+    assert f"state file {tmp_path / 'labels.json'} was corrupt at start (not JSON" in text
+    assert "set aside as " + store.corrupt["setAside"] in text and "the node started drained" in text
+    assert "fail closed since 2026-12-03T07:00:00Z: this node publishes itself drained: the decision loop" in text
