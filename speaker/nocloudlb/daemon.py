@@ -189,7 +189,7 @@ class Speaker:
         self._peer_configs: dict[str, str] = {}
         self.steps = Steps()  # failures per step, behind their barriers (nocloudlb.modes)
         self._loop_clock = FailClock()  # iterations failing: fail closed after FAIL_BOUND
-        self._fail_noted = ""  # the reason this node publishes itself excluded ("" when it does not)
+        self._fail_noted = ""  # what makes this node publish itself excluded: "loop", a mode's name, or ""
         self._fail_since = ""
         self._mode_failed_at: dict[str, float] = {}  # optional modes whose start failed, when
         self._view_waiters: dict[str, tuple[threading.Event, dict]] = {}
@@ -529,24 +529,25 @@ class Speaker:
         """Why this node publishes itself excluded for failing ("" when it does not)."""
         if self._loop_clock.tripped:
             return f"the decision loop has failed for over {FAIL_BOUND:g}s: {self._loop_clock.reason}"
-        for m in self.modes:
+        for m in list(self.modes):
             if m.clock.tripped:
                 return f"the {m.name} mode has failed for over {FAIL_BOUND:g}s: {m.clock.reason}"
         return ""
 
     def _note_fail_closed(self) -> None:
-        """Log a change of the fail-closed exclusion and reconcile at once, so that it is published now."""
-        reason = self._fail_reason()
-        if reason == self._fail_noted:
+        """Log a change of the fail-closed exclusion and reconcile at once, so that it is published now
+        (a change of what fails, not of its error text: that would reconcile in a tight loop)."""
+        what = "loop" if self._loop_clock.tripped else next((m.name for m in self.modes if m.clock.tripped), "")
+        if what == self._fail_noted:
             return
-        if reason:
+        if what:
             logs.event(log, "failClosed", "publishing this node excluded (the drain label) so that peers take its "
-                       "VIPs by a planned move", logging.ERROR, reason=reason)
+                       "VIPs by a planned move", logging.ERROR, reason=self._fail_reason(), step=what)
         else:
             logs.event(log, "failClosedEnded", "working again: this node is no longer excluded",
-                       previous=self._fail_noted)
+                       step=self._fail_noted)
             self._withdrawn_unpublished = False
-        self._fail_noted, self._fail_since = reason, now_iso() if reason else ""
+        self._fail_noted, self._fail_since = what, now_iso() if what else ""
         self.post()
 
     def _iteration(self, items: list[str]) -> None:
@@ -898,7 +899,7 @@ class Speaker:
             "health": self.health.status() if self.health else {},
             "heartbeat": self.heartbeat.status() if self.heartbeat else {},
             "arpSysctls": getattr(self._delivery, "sysctl_status", dict)(),  # edges (issue 8 defect 8)
-            "failClosed": {"reason": self._fail_noted, "since": self._fail_since} if self._fail_noted else {},
+            "failClosed": {"reason": self._fail_reason(), "since": self._fail_since} if self._fail_noted else {},
             "steps": self.steps.status(),
             "stateFiles": [self.labels.corrupt] if self.labels is not None and self.labels.corrupt else [],
             "time": now_iso(),
