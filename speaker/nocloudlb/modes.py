@@ -31,8 +31,8 @@ mode's last good meta. A mode whose apply keeps failing for longer than ``FAIL_B
 take its VIPs by a planned move, since peers still elect a node whose mode withdrew.
 
 ``Steps`` counts each failing step (``nocloudlb_speaker_step_errors_total{step}``) and logs it,
-rate limited: at level error the first time and then at most once a minute per step, with the
-count; the step that works again logs ``stepRecovered``. ``FailClock`` is the bound and the hold
+rate limited: at level error the first time and then at most once a minute per step (debug in
+between), with the count; the step that works again logs ``stepRecovered`` (as rate limited). ``FailClock`` is the bound and the hold
 time of a failure that persists (the daemon's loop and each mode have one).
 """
 
@@ -120,6 +120,7 @@ class Steps:
         self.counts: dict[str, int] = {}
         self.failing: dict[str, str] = {}
         self._loud_at: dict[str, float] = {}
+        self._recovered_at: dict[str, float] = {}
         self._lock = threading.Lock()
 
     def failed(self, step: str, exc: BaseException, event: str = "stepFailed", msg: str = "",
@@ -129,9 +130,9 @@ class Steps:
         now = time.monotonic()
         with self._lock:
             count = self.counts[step] = self.counts.get(step, 0) + 1
-            first = step not in self.failing
             self.failing[step] = error
-            loud = first or now - self._loud_at.get(step, -1e9) >= LOUD_EVERY
+            # a step that fails, works, fails again ... is loud once a minute too, not at every failure
+            loud = now - self._loud_at.get(step, -1e9) >= LOUD_EVERY
             if loud:
                 self._loud_at[step] = now
         logs.event(log, event, msg or f"the {step} step failed; the other steps go on and it is retried",
@@ -143,10 +144,15 @@ class Steps:
     def ok(self, step: str) -> None:
         if step not in self.failing:
             return
+        now = time.monotonic()
         with self._lock:
             error = self.failing.pop(step, None)
+            loud = now - self._recovered_at.get(step, -1e9) >= LOUD_EVERY
+            if error is not None and loud:
+                self._recovered_at[step] = now
         if error is not None:
-            logs.event(log, "stepRecovered", step=step, errors=self.counts.get(step, 0), lastError=error)
+            logs.event(log, "stepRecovered", "", logging.INFO if loud else logging.DEBUG, step=step,
+                       errors=self.counts.get(step, 0), lastError=error)
 
     def run(self, step: str, fn: Callable[..., Any], *args: Any, default: Any = None) -> tuple[bool, Any]:
         """``fn(*args)`` behind the barrier: (True, its result) or (False, ``default``) after counting."""

@@ -292,3 +292,21 @@ def test_a_speaker_with_a_corrupt_labels_file_starts_drained_and_says_so(harness
     sp.reconcile()
     sp.reconcile()
     assert set(sp.journal.announced()) == {ip for ip, leader in vips.items() if leader == "s"}
+
+
+def test_step_events_are_rate_limited_and_counted(caplog):
+    import logging
+
+    from nocloudlb.modes import Steps
+
+    caplog.set_level(logging.DEBUG)
+    steps = Steps()
+    for _dummy in range(50):  # a step that fails and works in turn, once per reconcile
+        steps.run("health", Raising(None))
+        steps.run("health", lambda: 1)
+    loud = [r for r in caplog.records if getattr(r, "event", "") in ("stepFailed", "stepRecovered")
+            and r.levelno >= logging.INFO]
+    assert [r.event for r in loud] == ["stepFailed", "stepRecovered"], [r.event for r in loud]
+    assert loud[0].levelno == logging.ERROR and loud[0].fields["step"] == "health"
+    assert "RuntimeError: injected fault" in loud[0].fields["error"]
+    assert steps.status() == {"health": {"errors": 50, "failing": ""}}
