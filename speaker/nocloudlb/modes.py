@@ -32,8 +32,9 @@ take its VIPs by a planned move, since peers still elect a node whose mode withd
 
 ``Steps`` counts each failing step (``nocloudlb_speaker_step_errors_total{step}``) and logs it,
 rate limited: at level error the first time and then at most once a minute per step (debug in
-between), with the count; the step that works again logs ``stepRecovered`` (as rate limited). ``FailClock`` is the bound and the hold
-time of a failure that persists (the daemon's loop and each mode have one).
+between), with the count; the step that works again logs ``stepRecovered`` (as rate limited).
+``FailClock`` is the bound and the hold time of a failure that persists (the daemon's loop and each
+mode have one).
 """
 
 from __future__ import annotations
