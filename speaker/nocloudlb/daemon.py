@@ -17,6 +17,30 @@ Fail closed. When the gossip layer stops (kinship closed on an internal error) t
 unknown: every mode withdraws and the process exits non-zero so systemd restarts it. One
 exception never stops the loop. A graceful stop withdraws everything first, then leaves the
 cluster (so the successor never announces while this node still answers), then closes.
+
+Barriers. Each step of a reconcile runs behind its own barrier (``Steps``: counted in
+``nocloudlb_speaker_step_errors_total{step}``, logged ``stepFailed``/``modeFailed``, rate limited),
+so one failing step stops neither the others nor the modes' apply:
+
+- ``publish`` fails: decide from the last published state (as for a gossip error);
+- ``health`` (reading the checks' results) fails: no service is published healthy, so only the
+  Local-policy services move away from this node (unknown health is not health);
+- ``heartbeatPeers`` fails: the heartbeats keep their previous peer list;
+- ``modes`` (starting an optional mode) fails: the running modes go on, the start is retried;
+- a mode's ``apply`` fails: that mode withdraws (``ModeRunner``), the other modes apply;
+- ``reload`` fails: the config in use stays; ``status`` fails: the request gets the error.
+
+The view itself failing (``node_views`` raising) is not a step one can skip: the modes cannot be
+handed a view, so it goes to the loop's barrier like any exception that escapes an iteration. There
+the node *keeps what it holds*: withdrawing at once would leave its VIPs without an owner, since its
+peers still elect it. If the errors last ``FAIL_BOUND`` (3 s: three retries at the loop's 1 s tick,
+well beyond one glitch, and within a few heartbeat timeouts of the ``lan`` profile), the node fails
+closed by a planned move: it publishes itself excluded (the drain label, as ``_meta`` does for a mode
+that cannot serve), peers take its VIPs, and only then it withdraws; if even that publication fails,
+it withdraws at once (it cannot tell peers, and an unknown view must not keep answering). A mode
+whose apply fails for ``FAIL_BOUND`` trips the same exclusion: it has withdrawn, yet peers elect the
+node. Once iterations (the mode) succeed again for ``RECOVER_HOLD`` (doubled at each new trip, so a
+fault that comes back when the node serves again does not flap), the node is no longer excluded.
 """
 
 from __future__ import annotations
@@ -46,7 +70,7 @@ from .heartbeat import Heartbeat
 from .l2.mode import L2View, VipRow
 from .membership import KeyFileError, Membership, MembershipSettings, read_key_file, split_addr
 from .metadata import MAX_META, MetaCodec, PeerInfo
-from .modes import Mode, ModeRunner
+from .modes import FAIL_BOUND, FailClock, Mode, ModeRunner, StepFailed, Steps
 from .state import LabelStore
 
 log = logging.getLogger("nocloudlb.speaker")
@@ -165,7 +189,10 @@ class Speaker:
         self._closed = False  # the gossip layer stopped: fail closed and exit
         self._restart_pending: list[str] = []
         self._peer_configs: dict[str, str] = {}
-        self._loop_errors = 0
+        self.steps = Steps()  # failures per step, behind their barriers (nocloudlb.modes)
+        self._loop_clock = FailClock()  # iterations failing: fail closed after FAIL_BOUND
+        self._fail_noted = ""  # what makes this node publish itself excluded: "loop", a mode's name, or ""
+        self._fail_since = ""
         self._mode_failed_at: dict[str, float] = {}  # optional modes whose start failed, when
         self._view_waiters: dict[str, tuple[threading.Event, dict]] = {}
         self._reloaded = threading.Condition()
@@ -252,7 +279,7 @@ class Speaker:
             return dict(self._last_reload, queued=True)
 
     def reload(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"ok": False, "error": "the reload failed; see the log (loopError)"}
+        out: dict[str, Any] = {"ok": False, "error": "the reload failed; see the log (stepFailed, step reload)"}
         try:
             out = self._reload()
             return out
@@ -381,7 +408,7 @@ class Speaker:
                 logs.event(log, "modeFailed", f"cannot start the {name} mode: {exc}", logging.ERROR, mode=name)
                 continue
             # before layer 2, which applies last: it holds on lo what the others serve (lo_vips)
-            self.modes.insert(0, ModeRunner(mode))
+            self.modes.insert(0, ModeRunner(mode, self.steps))
             logs.event(log, "modeStarted", mode=name)
 
     def _start(self, cfg: SpeakerConfig) -> None:
@@ -389,7 +416,7 @@ class Speaker:
         self.health = HealthChecker(self.post)
         self._apply_config(cfg, first=True)
         for mode in self._build_modes(cfg):
-            runner = ModeRunner(mode)
+            runner = ModeRunner(mode, self.steps)
             self.modes.append(runner)
             mode.start()
 
@@ -512,24 +539,74 @@ class Speaker:
             try:
                 self._iteration(items)
             except Exception as exc:  # noqa: BLE001 - the barrier: one exception never stops the loop
-                self._loop_errors += 1
-                loud = self._loop_errors == 1 or self._loop_errors % 60 == 0  # no journal flood
-                logs.event(log, "loopError", f"{type(exc).__name__}: {exc}"[:500],
-                           logging.ERROR if loud else logging.DEBUG, count=self._loop_errors)
-                log.debug("loopError traceback", exc_info=True)
-                for m in self.modes:
-                    m.withdraw_all()
+                self._iteration_failed(exc)
                 time.sleep(0.05)
+            else:
+                self._iteration_ok()
             if self._closed:
                 return EXIT_MEMBERSHIP_CLOSED
             if wd is not None and time.monotonic() >= next_wd:
                 sdnotify.notify("WATCHDOG=1")
                 next_wd = time.monotonic() + wd
 
+    def _iteration_failed(self, exc: Exception) -> None:
+        """The loop's barrier (the module docstring): keep what the node holds; once the errors have lasted
+        FAIL_BOUND, publish this node excluded, then withdraw (at once when the publication fails)."""
+        if isinstance(exc, StepFailed):
+            error = f"{exc.step}: {exc.error}"  # counted and logged by its own barrier
+        else:
+            error = self.steps.failed("loop", exc, "loopError", "the decision loop failed: this node keeps what "
+                                      "it holds and retries")
+        self._loop_clock.failed(error)
+        if not self._loop_clock.tripped:
+            return
+        self._note_fail_closed()
+        self.steps.run("publish", self._publish)
+        mine = self.published()
+        if not (mine is not None and DRAIN_LABEL in mine.labels) and not self._withdrawn_unpublished:
+            logs.event(log, "failClosedUnpublished", "cannot publish this node excluded: withdrawing at once",
+                       logging.ERROR, error=self._meta_error)
+        self._withdrawn_unpublished = not (mine is not None and DRAIN_LABEL in mine.labels)
+        for m in self.modes:  # after the drain went out: peers take over by a planned move
+            m.withdraw_all()
+
+    _withdrawn_unpublished = False
+
+    def _iteration_ok(self) -> None:
+        if self._loop_clock.since is not None or self._loop_clock.tripped:
+            self.steps.ok("loop")
+            if self._loop_clock.succeeded():
+                self._note_fail_closed()
+
+    def _fail_reason(self) -> str:
+        """Why this node publishes itself excluded for failing ("" when it does not)."""
+        if self._loop_clock.tripped:
+            return f"the decision loop has failed for over {FAIL_BOUND:g}s: {self._loop_clock.reason}"
+        for m in list(self.modes):
+            if m.clock.tripped:
+                return f"the {m.name} mode has failed for over {FAIL_BOUND:g}s: {m.clock.reason}"
+        return ""
+
+    def _note_fail_closed(self) -> None:
+        """Log a change of the fail-closed exclusion and reconcile at once, so that it is published now
+        (a change of what fails, not of its error text: that would reconcile in a tight loop)."""
+        what = "loop" if self._loop_clock.tripped else next((m.name for m in self.modes if m.clock.tripped), "")
+        if what == self._fail_noted:
+            return
+        if what:
+            logs.event(log, "failClosed", "publishing this node excluded (the drain label) so that peers take its "
+                       "VIPs by a planned move", logging.ERROR, reason=self._fail_reason(), step=what)
+        else:
+            logs.event(log, "failClosedEnded", "working again: this node is no longer excluded",
+                       step=self._fail_noted)
+            self._withdrawn_unpublished = False
+        self._fail_noted, self._fail_since = what, now_iso() if what else ""
+        self.post()
+
     def _iteration(self, items: list[str]) -> None:
         if "reload" in items:
             logs.event(log, "configReload", "reloading on SIGHUP", path=self.config_path)
-            self.reload()
+            self.steps.run("reload", self.reload)
         self.reconcile()
         if self._closed:
             return
@@ -595,7 +672,11 @@ class Speaker:
             macs.extend(meta.get("macs", []))
             if meta.get("exclude"):  # a mode cannot serve safely (l2: ARP sysctls): peers elect others
                 labels = {**labels, DRAIN_LABEL: ""}
-        return self.codec.encode(labels, self.health.healthy(), macs)
+        if self._fail_reason():  # a failure persists (loop or mode): peers take over by a planned move
+            labels = {**labels, DRAIN_LABEL: ""}
+        # unknown health is not health: only the Local-policy services move away
+        _ok, healthy = self.steps.run("health", self.health.healthy, default=frozenset())
+        return self.codec.encode(labels, healthy, macs)
 
     _settle_until = 0.0  # monotonic time before which a node that found no peer at start announces nothing
 
@@ -637,7 +718,7 @@ class Speaker:
         members = self.membership.members() if self.membership else []
         hb = self.heartbeat.view() if self.heartbeat is not None else None
         if self.heartbeat is not None:
-            self._heartbeat_peers(members)
+            self.steps.run("heartbeatPeers", self._heartbeat_peers, members)
         for m in members:
             if m.name == me:
                 continue
@@ -706,14 +787,17 @@ class Speaker:
             for m in self.modes:
                 m.withdraw_all()
             return
-        self._publish()
-        nodes = self.node_views()
-        self._ensure_modes(cfg)
+        self.steps.run("publish", self._publish)  # failing: decide from the last published state
+        ok, nodes = self.steps.run("view", self.node_views)
+        if not ok:  # no view to hand the modes: the loop's barrier decides (keep, then fail closed)
+            raise StepFailed("view", self.steps.failing.get("view", ""))
+        self.steps.run("modes", self._ensure_modes, cfg)
         for m in self.modes:
-            m.apply(cfg.node_name, nodes, cfg.parsed)
+            m.apply(cfg.node_name, nodes, cfg.parsed)  # behind ModeRunner's barrier
+        self._note_fail_closed()
         if self._settled is not cfg.parsed:  # issue 10: no full collection over the config in a reconcile
             self._settled = cfg.parsed
-            memory.settle()
+            self.steps.run("settle", memory.settle)
 
     # -- control ---------------------------------------------------------------------------
     def handle(self, req: dict) -> dict:
@@ -723,6 +807,8 @@ class Speaker:
                 return self.status(req)
             except ValueError as exc:  # a bad VIP filter (statusview.select_vips)
                 return {"ok": False, "error": str(exc)}
+            except Exception as exc:  # noqa: BLE001 - counted; the decision thread is not concerned
+                return {"ok": False, "error": f"status failed: {self.steps.failed('status', exc)}"}
         if cmd == "label":
             return self._label(req)
         if cmd == "reload":
@@ -872,6 +958,9 @@ class Speaker:
             "quorum": self.quorum() if self.cfg is not None else False,
             "witness": self.witness.status() if self.witness is not None else None,
             "arpSysctls": getattr(self._delivery, "sysctl_status", dict)(),  # edges (issue 8 defect 8)
+            "failClosed": {"reason": self._fail_reason(), "since": self._fail_since} if self._fail_noted else {},
+            "steps": self.steps.status(),
+            "stateFiles": [self.labels.corrupt] if self.labels is not None and self.labels.corrupt else [],
             "time": now_iso(),
             "metricsBind": cfg.metrics_bind if cfg else "",  # firsthour: `nocloudlb status --cluster` asks members here
         }
@@ -896,6 +985,8 @@ class Speaker:
             "kinship": stats,
             "conflicts": sum(len(st.get("conflicts", [])) for st in modes.values()),
             "quorum": self.quorum() if self.cfg is not None else False,
+            "step_errors": self.steps.snapshot(),
+            "fail_closed": bool(self._fail_noted),
         }
 
 

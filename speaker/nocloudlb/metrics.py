@@ -10,6 +10,10 @@ the default registry; this module adds, read from the daemon at scrape time:
 - ``nocloudlb_memberlist_<counter>_total`` kinship's protocol counters (probes, suspicions,
   decrypt failures, ...) and ``nocloudlb_memberlist_local_health``
 - ``nocloudlb_layer2_conflicts_current`` addresses another MAC answers for
+- ``nocloudlb_speaker_step_errors_total{step}`` failures of each step of the decision thread, each
+  behind its own barrier (``publish``, ``health``, ``view``, ``heartbeatPeers``, ``MODE.apply``,
+  ``MODE.hook.NAME``, ``status``, ``loop``, ...)
+- ``nocloudlb_speaker_fail_closed_bool`` 1 while a failure that persists keeps this node excluded
 
 The listener binds the node's management address by default (``metrics.bind: auto:7472``, "auto"
 being memberlist.bind's host), not 0.0.0.0, so /metrics is not reachable through every VIP; it
@@ -65,6 +69,13 @@ class SpeakerCollector(Collector):
             yield GaugeMetricFamily("nocloudlb_speaker_quorum_bool",
                                     "1 while this node is connected to a majority of the cluster's votes (it may "
                                     "take VIPs)", value=1 if snap["quorum"] else 0)
+        steps = CounterMetricFamily("nocloudlb_speaker_step_errors", "Failures of a step of the decision thread "
+                                    "(each behind its own barrier)", labels=["step"])
+        for step, count in sorted({"loop": 0, "view": 0, **snap.get("step_errors", {})}.items()):
+            steps.add_metric([step], count)
+        yield steps
+        yield GaugeMetricFamily("nocloudlb_speaker_fail_closed_bool", "1 while this node publishes itself "
+                                "excluded because a step keeps failing", value=1 if snap.get("fail_closed") else 0)
         yield GaugeMetricFamily("nocloudlb_layer2_conflicts_current",
                                 "Addresses for which another MAC answered before we announced",
                                 value=snap.get("conflicts", 0))

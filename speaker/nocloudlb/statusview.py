@@ -156,6 +156,15 @@ def header(st: dict[str, Any], paint: Paint) -> str:
         lines.append(paint(f"gossip error: {ml['error']}", "31"))
     for err in cfg.get("errors", []):
         lines.append(paint(f"config refused, running the last good one: {err}", "31"))
+    fail = st.get("failClosed") or {}
+    if fail.get("reason"):
+        lines.append(paint(f"fail closed since {fail.get('since') or '?'}: this node publishes itself drained: "
+                           f"{fail['reason']}", "31"))
+    for f in st.get("stateFiles") or []:
+        drained = "; the node started drained: undrain with `nocloudlb label unset " \
+                  "node.kubernetes.io/exclude-from-external-load-balancers`" if f.get("drained") else ""
+        lines.append(paint(f"state file {f.get('path')} was corrupt at start ({f.get('reason')}): set aside as "
+                           f"{f.get('setAside') or '(could not be renamed)'}{drained}", "31"))
     return "\n".join(lines)
 
 

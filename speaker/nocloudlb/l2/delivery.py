@@ -44,7 +44,7 @@ from typing import Any
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
-from ..state import atomic_write
+from ..state import atomic_write, report_corrupt, set_aside
 from .addresses import canonical_ips
 from .addresses import parse as parse_ip
 
@@ -199,13 +199,26 @@ def _sort_key(ip: str) -> tuple[int, bytes]:
 
 
 def _read_state(path: Path) -> set[str]:
+    """The addresses this module added (the record). A corrupt record is set aside (``stateFileCorrupt``)
+    and starts empty: every sync raised on it before, so no VIP got on lo and none was announced. Only
+    IPv4 labels identify our addresses then: IPv6 ones added before stay on lo when no longer wanted
+    (harmless there, the kernel never answers NDP for them). No drain: the record decides no owner."""
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_bytes().decode("utf-8"))
+        managed = data["managed"] if isinstance(data, dict) else None
+        if not isinstance(managed, list):
+            raise ValueError(f"expected an object with a list 'managed', got {type(data).__name__}"
+                             + (f" whose 'managed' is {type(managed).__name__}" if isinstance(data, dict) else ""))
+        bad = next((ip for ip in managed if not isinstance(ip, str)), None)
+        if bad is not None:
+            raise TypeError(f"'managed' holds {bad!r}, not an address string")
+        return {parse_ip(ip)[0] for ip in managed}
     except FileNotFoundError:
         return set()
-    except ValueError:
-        return set()  # unreadable record: only IPv4 labels identify our addresses then
-    return {parse_ip(ip)[0] for ip in data.get("managed", [])}
+    except (ValueError, KeyError, TypeError) as exc:
+        report_corrupt(set_aside(path, f"{type(exc).__name__}: {exc}"), "the record of the addresses added to "
+                       "lo starts empty: IPv6 VIPs added before may stay on lo when no longer wanted", drained=False)
+        return set()
 
 
 def _write_state(path: Path, managed: set[str]) -> None:

@@ -136,10 +136,12 @@ def test_atomic_write_leaves_old_file_when_write_fails(tmp_path):
     assert target.read_bytes() == b"old" and os.listdir(tmp_path) == ["f.json"]
 
 
-def test_corrupt_label_file_is_reported(tmp_path):
+def test_corrupt_label_file_is_set_aside_not_raised(tmp_path):
+    """A corrupt file no longer stops the speaker (test_state_files_corrupt.py has the whole rule)."""
     (tmp_path / "labels.json").write_text("{oops")
-    with pytest.raises(ValueError, match="labels.json: cannot read runtime labels"):
-        LabelStore(tmp_path)
+    store = LabelStore(tmp_path)
+    assert store.corrupt["reason"].startswith("not JSON")
+    assert "node.kubernetes.io/exclude-from-external-load-balancers" in store.apply({})
 
 
 def test_cli_validate_and_keygen(tmp_path, capsys):
