@@ -67,6 +67,8 @@ log = logging.getLogger("nocloudlb.speaker")
 REANNOUNCED = Counter("nocloudlb_speaker_reannounced",
                       "Times this node re-announced the VIPs it leads after the cluster healed", ["reason"])
 
+GROUP_ERRORS = Counter("nocloudlb_layer2_group_errors", "Groups of VIPs whose part of a layer-2 apply failed")
+GROUP_FAIL_BOUND = 3.0  # seconds a failing group of VIPs keeps what it announced before it is withdrawn
 HANDOVER_WAIT = 2.0  # seconds a planned move waits for its forwarding before it is announced anyway
 SUSPECT_WAIT = 0.05  # the same for a takeover from a member only suspected (heartbeats stopped): speed first
 
@@ -416,6 +418,9 @@ class L2Mode:
         # (wall time it ended, ms, ms of this thread's CPU: the rest is waiting for the GIL or a core) of the
         # last 16
         self.recent_applies: list[tuple[float, float, float]] = []
+        self._group_failing: dict[str, float] = {}  # first VIP of a group whose apply fails -> since when
+        self._group_logged = -1e9
+        self._failed_now: set[str] = set()
         self._meta_key: tuple | None = None
         self._meta_used: set[str] = set()
 
@@ -457,72 +462,77 @@ class L2Mode:
         stale = self._stale if reuse else set()  # rows changed in place by the last apply: built again
         changed: list[VipRow] = []  # rows new or different from the last apply's
         decided_now: list[tuple[VipClass, tuple]] = []
+        self._failed_now = set()
         for cls, leader, reason, g in decisions:
-            if g is None:
-                decided: tuple = (None, reason)
-                if not reuse or cls.decided != decided:
-                    for i in cls.idxs:
-                        ip, svc = entries[i][0], entries[i][1]
-                        rows[i] = VipRow(ip, svc.key, "", None, False, reason, [], False)
-                        changed.append(rows[i])
+            try:  # one group of VIPs that fails never takes the others with it (_group_failed)
+                if g is None:
+                    decided: tuple = (None, reason)
+                    if not reuse or cls.decided != decided:
+                        for i in cls.idxs:
+                            ip, svc = entries[i][0], entries[i][1]
+                            rows[i] = VipRow(ip, svc.key, "", None, False, reason, [], False)
+                            changed.append(rows[i])
+                    decided_now.append((cls, decided))
+                    continue
+                if reason == "":
+                    candidates.update(dict.fromkeys(cls.ips, g.candidates))
+                    if suspecters:
+                        # a member that stopped hearing this node takes what it would lead without it:
+                        # yield that VIP (one owner); take it back when it hears this node again
+                        nxt = self._election.class_runner_up(me, g, cls)
+                        if nxt in suspecters:
+                            leader, reason = nxt, "suspectedByPeer"
+                if reason == "" and gate:
+                    reason = gate
+                if reason == "":
+                    # only the VIPs this node did not announce before: gained from a member we saw lead it
+                    # (failover, drain, leave): skip the RFC 5227 check, it would only cost failover time.
+                    # Otherwise (first start, a new VIP, a restart that preempts) check: answers from
+                    # members' MACs are a handover and ignored (is_peer_mac), any other MAC is a conflict
+                    # and never fought.
+                    for ip in cls.ipset.difference(announced_before):
+                        before = self._leaders.get(ip)
+                        if ip in self._yielded and before == me:
+                            skip.add(ip)  # taken back after a yield: it held it, other members' answers are a handover
+                        elif before and before != me:
+                            skip.add(ip)
+                            if ip in self._yielded:
+                                pass  # taken back after a false suspicion: its connections never left this node
+                            elif states.get(before) == "alive":
+                                handed[ip] = before  # a planned move: its in-flight connections go on there
+                            elif states.get(before) == "unreachable":
+                                # only suspected (heartbeats stopped, gossip not sure): forward toward it too,
+                                # so a false suspicion resets nothing; wait less for the forwarding
+                                handed[ip] = before
+                                handed_wait[ip] = SUSPECT_WAIT
+                ifaces = g.ifaces
+                if g.mine:
+                    lo.update(cls.ips)
+                if reason == "":
+                    if announce.keys().isdisjoint(cls.ipset):
+                        announce.update(dict.fromkeys(cls.ips, ifaces))
+                    else:  # a VIP shared with services of another kind: every interface either asks for
+                        for ip in cls.ips:
+                            prev = announce.get(ip)
+                            if prev is None:
+                                announce[ip] = ifaces
+                            elif prev and ifaces:
+                                announce[ip] = sorted(set(prev) | set(ifaces))
+                            else:
+                                announce[ip] = []
+                decided = (leader, reason, ifaces, g.mine)
+                if reuse and cls.decided == decided:
+                    redo: Any = stale.intersection(cls.idxs) if stale else ()  # rows unchanged: reused, not built
+                else:
+                    redo = cls.idxs
+                for i in redo:
+                    ip, svc, pool = entries[i][0], entries[i][1], entries[i][2]
+                    rows[i] = VipRow(ip, svc.key, pool or "", leader, reason == "", reason, ifaces, g.mine)
+                    changed.append(rows[i])
                 decided_now.append((cls, decided))
-                continue
-            if reason == "":
-                candidates.update(dict.fromkeys(cls.ips, g.candidates))
-                if suspecters:
-                    # a member that stopped hearing this node takes what it would lead without it:
-                    # yield that VIP (one owner); take it back when it hears this node again
-                    nxt = self._election.class_runner_up(me, g, cls)
-                    if nxt in suspecters:
-                        leader, reason = nxt, "suspectedByPeer"
-            if reason == "" and gate:
-                reason = gate
-            if reason == "":
-                # only the VIPs this node did not announce before: gained from a member we saw lead it
-                # (failover, drain, leave): skip the RFC 5227 check, it would only cost failover time.
-                # Otherwise (first start, a new VIP, a restart that preempts) check: answers from
-                # members' MACs are a handover and ignored (is_peer_mac), any other MAC is a conflict
-                # and never fought.
-                for ip in cls.ipset.difference(announced_before):
-                    before = self._leaders.get(ip)
-                    if ip in self._yielded and before == me:
-                        skip.add(ip)  # taken back after a yield: it held it, other members' answers are a handover
-                    elif before and before != me:
-                        skip.add(ip)
-                        if ip in self._yielded:
-                            pass  # taken back after a false suspicion: its connections never left this node
-                        elif states.get(before) == "alive":
-                            handed[ip] = before  # a planned move: its in-flight connections go on there
-                        elif states.get(before) == "unreachable":
-                            # only suspected (heartbeats stopped, gossip not sure): forward toward it too,
-                            # so a false suspicion resets nothing; wait less for the forwarding
-                            handed[ip] = before
-                            handed_wait[ip] = SUSPECT_WAIT
-            ifaces = g.ifaces
-            if g.mine:
-                lo.update(cls.ips)
-            if reason == "":
-                if announce.keys().isdisjoint(cls.ipset):
-                    announce.update(dict.fromkeys(cls.ips, ifaces))
-                else:  # a VIP shared with services of another kind: every interface either asks for
-                    for ip in cls.ips:
-                        prev = announce.get(ip)
-                        if prev is None:
-                            announce[ip] = ifaces
-                        elif prev and ifaces:
-                            announce[ip] = sorted(set(prev) | set(ifaces))
-                        else:
-                            announce[ip] = []
-            decided = (leader, reason, ifaces, g.mine)
-            if reuse and cls.decided == decided:
-                redo: Any = stale.intersection(cls.idxs) if stale else ()  # rows unchanged: reused, not built
-            else:
-                redo = cls.idxs
-            for i in redo:
-                ip, svc, pool = entries[i][0], entries[i][1], entries[i][2]
-                rows[i] = VipRow(ip, svc.key, pool or "", leader, reason == "", reason, ifaces, g.mine)
-                changed.append(rows[i])
-            decided_now.append((cls, decided))
+            except Exception as exc:  # noqa: BLE001 - the barrier of one group of VIPs
+                self._group_failed(cls, entries, rows, changed, announce, lo, exc)
+        self._group_failing = {k: v for k, v in self._group_failing.items() if k in self._failed_now}
         new_stale: set[int] = set()
         final = {ip: v or [] for ip, v in announce.items()}
         if self.arp_unsafe:  # fail closed: no IPv4 VIP announced (nor on lo, below) while the kernel may answer
@@ -631,7 +641,7 @@ class L2Mode:
         # busy: a won VIP the announcer has not taken yet (RFC 5227 check, or not yet picked up): decide
         # again soon even with nothing else changed, so its serviceAnnounced is logged when it is answered
         self._busy = bool(self._waiting) or bool(self.wire.yielded) or self.wire.settling() \
-            or any(k in _PENDING for _r, k in seen)
+            or bool(self._group_failing) or any(k in _PENDING for _r, k in seen)
         self._log_seen(seen, me, present={(r.service, r.ip) for r in rows})
         self._rows_idx, self._rows_for, self._stale = rows, entries, new_stale
         for cls, decided in decided_now:
@@ -642,6 +652,31 @@ class L2Mode:
         self.recent_applies = [*self.recent_applies[-15:], (round(time.time(), 3), self.last_apply_ms,
                                                             round((time.thread_time() - cpu_started) * 1000, 1))]
         self._applied = key if self._lo_wanted is not None else None
+
+    def _group_failed(self, cls: Any, entries: Any, rows: list, changed: list, announce: dict, lo: set,
+                      exc: Exception) -> None:
+        """One group of VIPs failed in ``apply``: keep what this node announced of it (its peers still elect
+        it from an unchanged view) for GROUP_FAIL_BOUND s, then withdraw it; log and count; decide it again
+        next time (``cls.decided`` cleared)."""
+        now = time.monotonic()
+        self._failed_now.add(cls.ips[0])
+        first = self._group_failing.setdefault(cls.ips[0], now)
+        keep = now - first < GROUP_FAIL_BOUND
+        GROUP_ERRORS.inc()
+        if now - self._group_logged >= 10.0:
+            self._group_logged = now
+            logs.event(log, "vipStepFailed", f"{type(exc).__name__}: {exc}"[:300], logging.ERROR,
+                       ips=list(cls.ips)[:10], keeping=keep)
+        cls.decided = None
+        for i in cls.idxs:
+            ip, svc, pool = entries[i][0], entries[i][1], entries[i][2]
+            held = keep and ip in self._announced
+            rows[i] = VipRow(ip, svc.key, pool or "", self.me if held else None, held,
+                             "" if held else "stepFailed", list(self._announced.get(ip, [])), ip in self._lo)
+            changed.append(rows[i])
+            if held:
+                announce[ip] = self._announced[ip]
+                lo.add(ip)
 
     def _plan_handover(self, handed: dict[str, str], held: dict[str, list[str]], now: float,
                        waits: dict[str, float] | None = None) -> None:

@@ -144,3 +144,38 @@ def test_each_config_in_use_is_collected_once_then_frozen(harness, monkeypatch):
         assert len(calls) == 2
     finally:
         gc.unfreeze()
+
+
+def test_a_failing_group_of_vips_keeps_what_it_announced_then_withdraws_and_spares_the_others(tmp_path,
+                                                                                             monkeypatch):
+    """A group of VIPs whose part of the apply raises (here the runner-up lookup the suspecters rule makes)
+    keeps what this node announced of it for GROUP_FAIL_BOUND s, then withdraws it (reason stepFailed);
+    every other group is decided as before; the group is decided normally once the step works again."""
+    parsed = parse_resources(pool_docs() + [service_doc(f"svc{i}", f"198.51.100.{200 + i}") for i in range(12)])
+    nodes = [NodeView(n, {}, "alive", frozenset()) for n in NODES]
+    me = NODES[0]
+    mode, ann = mode_for(me)
+    mode.state_dir = str(tmp_path)
+    mode.apply(me, nodes, parsed)
+    mine = set(ann.current)
+    assert mine
+    victim = sorted(mine)[0]
+    real = mode._election.class_runner_up
+
+    def runner_up(me_, g, cls):
+        if victim in cls.ipset:
+            raise RuntimeError("injected")
+        return real(me_, g, cls)
+
+    monkeypatch.setattr(mode._election, "class_runner_up", runner_up)
+    mode.suspecters = lambda: frozenset({"nobody"})  # makes the apply ask for the runner-up of every group
+    mode.apply(me, nodes, parsed)
+    assert set(ann.current) == mine  # kept while within the bound
+    monkeypatch.setattr(l2mode, "GROUP_FAIL_BOUND", 0.0)
+    mode.apply(me, nodes, parsed)
+    assert victim not in ann.current and set(ann.current) | {victim} >= mine
+    row = next(r for r in mode._rows if r.ip == victim)
+    assert (row.announcing, row.reason) == (False, "stepFailed")
+    monkeypatch.setattr(mode._election, "class_runner_up", real)
+    mode.apply(me, nodes, parsed)
+    assert set(ann.current) == mine
