@@ -28,8 +28,9 @@ of VIPs it leads. A datagram (network byte order)::
   (otherwise gossip's copy): it is what the sender published (kinship accepted it first), so every
   node still decides from published state.
 - The HMAC key is derived from each memberlist key (``keyFile``): any key of the ring verifies, the
-  first signs (rotation works as for gossip). Without keys (an unencrypted cluster) the HMAC still
-  catches corruption but authenticates nothing.
+  first signs (rotation works as for gossip). Without keys (allowed for a one-member cluster only:
+  the config of a cluster without ``keyFile`` is refused) the HMAC still catches corruption but
+  authenticates nothing.
 
 The suspicion rule (fail closed, never two owners as far as this node can tell). With ``heard(X)``
 "a packet from X accepted within ``interval x miss``" and ``live`` the members gossip holds alive
