@@ -24,6 +24,7 @@ import hashlib
 import ipaddress
 import json
 import math
+import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -167,6 +168,18 @@ def _addr_problem(where: str, value: Any) -> str | None:
     return None
 
 
+def _same_addr(a: str, b: str) -> bool:
+    """Whether two "host:port" name the same endpoint (IP addresses compared as addresses)."""
+    ha, _sep, pa = a.rpartition(":")
+    hb, _sep, pb = b.rpartition(":")
+    if not (pa.isdigit() and pb.isdigit() and int(pa) == int(pb)):
+        return False
+    try:
+        return ipaddress.ip_address(ha.strip("[]")) == ipaddress.ip_address(hb.strip("[]"))
+    except ValueError:
+        return ha.strip("[]").lower() == hb.strip("[]").lower()
+
+
 def resources_digest(resources: list) -> str:
     canon = json.dumps(resources, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(canon.encode()).hexdigest()[:8]
@@ -240,6 +253,14 @@ def parse(data: Any, path: str = "") -> SpeakerConfig:
         key_file = ml.get("keyFile")
         if key_file is not None and (not isinstance(key_file, str) or not key_file):
             errors.append(f"memberlist.keyFile: {_short(key_file)} must be a file path")
+        others = [a for a in join if not _same_addr(a, bind)] if isinstance(bind, str) else []
+        if key_file is None and others:
+            errors.append(
+                f"memberlist.keyFile: required when memberlist.join lists other members than this node's bind "
+                f"({_short(others[0])}): without a key, gossip and heartbeats are unauthenticated, and two forged "
+                "heartbeat datagrams can make this node believe it is cut off and give up its VIPs; "
+                "write one key with `nocloudlb keygen` into a file readable by the speaker only, the same on "
+                "every node")
         profile = ml.get("profile", "lan")
         if profile not in PROFILES:
             errors.append(f"memberlist.profile: {_short(profile)} is not one of {', '.join(sorted(PROFILES))}")
@@ -581,6 +602,44 @@ def load(path: str | Path, raw: bytes | None = None) -> SpeakerConfig:
         raise ConfigError([f"config {path}: nested too deeply to read"]) from None
     except Exception as exc:  # noqa: BLE001 - the barrier: a bug on a strange file must not escape a reload
         raise ConfigError(bound_errors([f"config {path}: cannot be read: {type(exc).__name__}: {exc}"])) from None
+
+
+class KeyFileWatch:
+    """Whether memberlist.keyFile changed since it was read, at the cost of one ``stat`` per poll.
+
+    The speaker reads the key file at start and on SIGHUP, and creates a watch just before each read
+    (so a change made during the read is seen at the next poll). The decision loop calls ``changed``
+    on each pass; it looks at the file at most every POLL seconds and answers True once the file's
+    identity (device, inode, size, modification and change times) differs from the one read *and*
+    has stayed the same over two polls in a row: a file written in place is not taken half written,
+    one replaced atomically (a rename, as Ansible's copy does) is taken within one to two polls. A
+    file that disappears or cannot be stat'ed is a change too (the reader then says why, once).
+    """
+
+    POLL = 0.5  # seconds between two looks at the file
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.signature = self._stat()  # the file as it was when it was read
+        self._seen = self.signature  # the file as the last poll found it
+        self._next = -math.inf
+
+    def _stat(self) -> tuple[int, ...]:
+        try:
+            st = os.stat(self.path)
+        except OSError as exc:
+            return (-1, exc.errno or 0)
+        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+    def changed(self, now: float) -> bool:
+        """True when the file changed and is stable (see the class); ``now`` is a monotonic time."""
+        if now < self._next:
+            return False
+        self._next = now + self.POLL
+        sig = self._stat()
+        stable = sig == self._seen
+        self._seen = sig
+        return stable and sig != self.signature
 
 
 class ConfigHolder:

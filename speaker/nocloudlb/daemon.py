@@ -64,7 +64,7 @@ from nocloudlb.core.errors import ConfigError
 from nocloudlb.core.quorum import has_quorum
 
 from . import logs, memory, sdnotify
-from .config import ConfigHolder, SpeakerConfig, now_iso, runtime_label_problem
+from .config import ConfigHolder, KeyFileWatch, SpeakerConfig, now_iso, runtime_label_problem
 from .health import CheckSpec, HealthChecker
 from .heartbeat import Heartbeat
 from .l2.mode import L2View, VipRow
@@ -210,11 +210,14 @@ class Speaker:
     # -- config ---------------------------------------------------------------------------
     def _load(self) -> tuple[bool, SpeakerConfig | None]:
         ok, cfg = self.holder.reload()
+        # the key file's identity before it is read: a change made meanwhile is seen by the next poll
+        watch = KeyFileWatch(cfg.key_file) if ok and cfg is not None and cfg.key_file else None
         if (ok and cfg is not None and self.holder.unchanged and cfg is self.cfg
                 and not any(p.password_file for p in cfg.parsed.bgp_peers)):
             # the very file in use (digest first): only the key file may have changed beside it
             # (files it names beside the key file, BGPPeer passwordFile, are read again below)
             if cfg.key_file:
+                self._key_watch = watch
                 try:
                     self.keys = read_key_file(cfg.key_file)
                 except KeyFileError as exc:
@@ -231,7 +234,7 @@ class Speaker:
                     self.holder.state, self.holder.errors = "error", extra
                     self.holder.last_good_at = self._last_good_at
                 return False, self.cfg
-            self.keys = keys
+            self.keys, self._key_watch = keys, watch
         return ok, cfg
 
     _last_good_at = ""
@@ -256,17 +259,45 @@ class Speaker:
         self.codec = MetaCodec(local_services(cfg.parsed), label_keys(cfg.parsed), cfg.digest, previous=previous)
         assert self.health is not None
         self.health.configure(health_specs(cfg.parsed)[0])
-        if prev is not None and self.membership is not None and self.keys is not None \
-                and self.keys != self.membership.keys:
-            if self.heartbeat is not None:
-                self.heartbeat.set_keys(self.keys)
-            try:
-                self.membership.set_keys(self.keys)
-            except (kinship.KinshipError, ValueError, TimeoutError) as exc:
-                logs.event(log, "memberlistKeysFailed", str(exc), logging.ERROR)
+        if prev is not None:
+            self._use_keys(self.keys)
         logs.event(log, "configLoaded", path=cfg.path, digest=cfg.digest, pools=len(cfg.parsed.pools),
                    services=len(cfg.parsed.services), l2Advertisements=len(cfg.parsed.l2_advertisements),
                    first=first)
+
+    _key_watch: KeyFileWatch | None = None  # memberlist.keyFile as last read (None: no key file)
+
+    def _use_keys(self, keys: list[str] | None) -> None:
+        """Gossip and heartbeats take the key file's keyring together: the first key signs and encrypts,
+        every key verifies and decrypts, a key the file no longer lists is refused from now on."""
+        if keys is None:
+            return  # no key file: switching a running node between keyed and unkeyed needs a restart
+        self.keys = keys
+        if self.heartbeat is not None:
+            self.heartbeat.set_keys(keys)
+        if self.membership is not None and keys != self.membership.keys:
+            try:
+                self.membership.set_keys(keys)
+            except (kinship.KinshipError, ValueError, TimeoutError) as exc:
+                logs.event(log, "memberlistKeysFailed", str(exc), logging.ERROR)
+
+    def _poll_key_file(self) -> None:
+        """A key file changed without a SIGHUP (config.KeyFileWatch: one stat, at most every 0.5 s) is
+        read and used at once; one that cannot be read is refused once, the keys in use kept."""
+        watch = self._key_watch
+        if watch is None or not watch.changed(time.monotonic()):
+            return
+        self._key_watch = KeyFileWatch(watch.path)  # before the read: a change made meanwhile is seen next
+        try:
+            keys = read_key_file(watch.path)
+        except KeyFileError as exc:
+            logs.event(log, "keyFileRefused", f"{exc}; gossip and heartbeats keep the keys in use",
+                       logging.ERROR, path=watch.path)
+            return
+        if keys != self.keys:
+            logs.event(log, "keyFileChanged", "the key file changed: gossip and heartbeats use its keys now",
+                       path=watch.path, keys=len(keys))
+            self._use_keys(keys)
 
     def _reload_and_wait(self, timeout: float = 10.0) -> dict[str, Any]:
         """The control socket's reload: run by the decision thread; answers with its outcome (errors,
@@ -293,11 +324,7 @@ class Speaker:
         ok, cfg = self._load()
         if ok and cfg is not None and cfg is self.cfg and self.holder.unchanged:
             logs.event(log, "configUnchanged", "the file is the one in use; nothing to apply", digest=cfg.digest)
-            if self.membership is not None and self.keys is not None and self.keys != self.membership.keys:
-                try:
-                    self.membership.set_keys(self.keys)
-                except (kinship.KinshipError, ValueError, TimeoutError) as exc:
-                    logs.event(log, "memberlistKeysFailed", str(exc), logging.ERROR)
+            self._use_keys(self.keys)
         elif ok and cfg is not None:
             self._apply_config(cfg, first=False)
             self.post()
@@ -607,6 +634,7 @@ class Speaker:
         if "reload" in items:
             logs.event(log, "configReload", "reloading on SIGHUP", path=self.config_path)
             self.steps.run("reload", self.reload)
+        self.steps.run("keyFile", self._poll_key_file)
         self.reconcile()
         if self._closed:
             return

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import socket
+import tempfile
+from pathlib import Path
 
 import pytest
 import yaml
@@ -16,6 +18,7 @@ from nocloudlb.cli import main as cli_main
 from nocloudlb.config import MAX_ERROR_CHARS
 from nocloudlb.control import ControlServer
 from nocloudlb.daemon import Speaker
+from nocloudlb.membership import generate_key
 from nocloudlb.metadata import MetaCodec
 
 SETTINGS = settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
@@ -120,8 +123,13 @@ def test_control_protocol_answers_every_line_or_closes(speaker_socket, reqs):
 
 
 # -- config files ---------------------------------------------------------------------------------
+# a cluster (join names another member) needs a key file; removed at exit
+_KEY_DIR = tempfile.TemporaryDirectory(prefix="nocloudlb-fuzz-key-")
+KEY_FILE = Path(_KEY_DIR.name) / "memberlist.key"
+KEY_FILE.write_text(generate_key() + "\n")
 GOOD = {"node": {"name": "n1", "labels": {"zone": "a"}},
-        "memberlist": {"bind": "198.51.100.11:7946", "join": ["198.51.100.12:7946"], "probeInterval": 0.5},
+        "memberlist": {"bind": "198.51.100.11:7946", "join": ["198.51.100.12:7946"], "keyFile": str(KEY_FILE),
+                       "probeInterval": 0.5},
         "metrics": {"bind": ""}, "handover": {"grace": 5},
         "resources": [
             {"apiVersion": "metallb.io/v1beta1", "kind": "IPAddressPool", "metadata": {"name": "default"},

@@ -26,7 +26,7 @@ from typing import Any
 
 import yaml
 from nocloudlb.daemon import Speaker
-from nocloudlb.membership import Membership, MembershipSettings
+from nocloudlb.membership import Membership, MembershipSettings, generate_key
 
 # the documents, the VIP choice and the waiting come from the one speaker test harness
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "netns"))
@@ -148,6 +148,7 @@ class Harness:
         self.speakers: list[Speaker] = []
         self.peers: list[Membership] = []
         self.ports: dict[str, int] = {}
+        self.keys = [generate_key()]  # the cluster's gossip key: every speaker's key file, every peer's keyring
         self._signals = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
 
     def port(self, name: str) -> int:
@@ -159,13 +160,28 @@ class Harness:
                **extra: Any) -> dict:
         d = self.tmp / name
         d.mkdir(exist_ok=True)
+        key_file = self.key_file(name)
+        if not key_file.exists():
+            self.set_keys(name, self.keys)
         doc = {"node": {"name": name, "labels": labels or {}},
                "memberlist": {"bind": f"127.0.0.1:{self.port(name)}",
-                              "join": [f"127.0.0.1:{self.port(n)}" for n in join], "profile": "fast"},
+                              "join": [f"127.0.0.1:{self.port(n)}" for n in join], "profile": "fast",
+                              "keyFile": str(key_file)},
                "stateDir": str(d / "state"), "socket": str(d / "speaker.sock"), "metrics": {"bind": ""},
                "logLevel": "info", "resources": resources}
         doc.update(extra)
         return doc
+
+    def key_file(self, name: str) -> Path:
+        return self.tmp / name / "memberlist.key"
+
+    def set_keys(self, name: str, keys: list[str]) -> Path:
+        """Write ``keys`` (the first one primary) into ``name``'s key file; a reload or a change of the
+        file makes the running speaker take them."""
+        path = self.key_file(name)
+        path.parent.mkdir(exist_ok=True)
+        path.write_text("".join(k + "\n" for k in keys))
+        return path
 
     def write(self, name: str, doc: dict) -> Path:
         path = self.tmp / name / "config.yaml"
@@ -189,7 +205,7 @@ class Harness:
 
     def peer(self, name: str, meta: dict[str, str], join: list[str]) -> Membership:
         settings = MembershipSettings(name, f"127.0.0.1:{self.port(name)}",
-                                      [f"127.0.0.1:{self.port(n)}" for n in join], None, "fast")
+                                      [f"127.0.0.1:{self.port(n)}" for n in join], list(self.keys), "fast")
         m = Membership(settings, on_change=lambda: None, logger=logging.getLogger(f"test.{name}"))
         m.start(meta)
         self.peers.append(m)

@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 import os
 import re
+import tempfile
+from pathlib import Path
 
 import pytest
 import yaml
 from nocloudlb.config import ConfigHolder, load, parse
 from nocloudlb.core.errors import ConfigError
 from nocloudlb.daemon import validate
+from nocloudlb.membership import generate_key
 from nocloudlb.state import LabelStore, atomic_write
 
 POOL = {"apiVersion": "metallb.io/v1beta1", "kind": "IPAddressPool", "metadata": {"name": "default"},
@@ -27,10 +30,16 @@ def svc(name: str, ip: str, policy: str = "Cluster", annotations: dict | None = 
             "status": {"loadBalancer": {"ingress": [{"ip": ip}]}}}
 
 
+# a cluster (join names another member) needs a key file: one for every base() config, removed at exit
+_KEY_DIR = tempfile.TemporaryDirectory(prefix="nocloudlb-test-key-")
+KEY_FILE = Path(_KEY_DIR.name) / "memberlist.key"
+KEY_FILE.write_text(generate_key() + "\n")
+
+
 def base(**over) -> dict:
     doc = {"node": {"name": "n1", "labels": {"zone": "a"}},
            "memberlist": {"bind": "198.51.100.11:7946", "join": ["198.51.100.11:7946", "198.51.100.12:7946"],
-                          "profile": "fast", "probeInterval": 0.25},
+                          "keyFile": str(KEY_FILE), "profile": "fast", "probeInterval": 0.25},
            "stateDir": "/tmp/x", "socket": "/tmp/x.sock", "metrics": {"bind": ""},
            "resources": [POOL, L2, svc("web", "198.51.100.200")]}
     doc.update(over)
