@@ -58,6 +58,7 @@ class WireRule:
         self.counts = {"yielded": 0, "kept": 0, "foreign": 0}
         self.settle = 0.0  # seconds after quorum is gained back during which nothing new is taken
         self._had_quorum: bool | None = None  # None: no apply yet
+        self._ever_quorum = False  # had quorum once (before that, e.g. at start, there is nothing to settle)
         self._quorum_since = -1e9
 
     def contest(self, ip: str, mac: bytes) -> None:
@@ -81,9 +82,10 @@ class WireRule:
             pending, self._pending = self._pending, []
         announced = set(announced)
         now = time.monotonic()
-        if quorum and self._had_quorum is False:
-            self._quorum_since = now  # gained back (not at start): settle before taking
+        if quorum and self._had_quorum is False and self._ever_quorum:
+            self._quorum_since = now  # gained back (not the first time: at start): settle before taking
         self._had_quorum = quorum
+        self._ever_quorum = self._ever_quorum or quorum
         may_take = quorum and not self.settling(now)
         for ip, member in pending:
             if ip not in announced or ip in self.yielded:

@@ -79,7 +79,8 @@ def test_quorum_gained_back_settles_before_anything_new_is_taken():
     w, _posted = rule()
     w.settle = 0.3
     final = {V1: [], V2: []}
-    assert w.hold_back("n1", True, final, announced=[], candidates={}, leaders={}) == {}  # start: no settling
+    assert w.hold_back("n1", False, final, announced=[], candidates={}, leaders={})  # at start, before a view
+    assert w.hold_back("n1", True, final, announced=[], candidates={}, leaders={}) == {}  # first quorum: no settling
     assert w.hold_back("n1", False, final, announced=[V1], candidates={}, leaders={}) == {V2: REASON_NO_QUORUM}
     assert w.hold_back("n1", True, final, announced=[V1], candidates={}, leaders={}) == {V2: REASON_SETTLING}
     assert w.settling()
