@@ -445,6 +445,7 @@ class Speaker:
             settle_left = self._settle_until - time.monotonic()
             if settle_left > 0:  # decide again as soon as the start-up settle ends
                 timeout = min(timeout, settle_left + 0.01)
+            timeout = min(timeout, self._l2_lease())  # renewed on every pass, woken before it runs out
             try:
                 items = [self.events.get(timeout=timeout)]
             except queue.Empty:
@@ -472,6 +473,32 @@ class Speaker:
             if wd is not None and time.monotonic() >= next_wd:
                 sdnotify.notify("WATCHDOG=1")
                 next_wd = time.monotonic() + wd
+
+    _lease: Any = None  # l2/lease.py Renewal, made at the first pass
+
+    def _l2_lease(self) -> float:
+        """Renew the layer-2 answering lease (l2/lease.py) at the top of a loop pass; the longest the loop
+        may sleep. Length: three heartbeat timeouts within [0.3 s, 2 s] (``fast``: 0.3 s, ``lan``: 1.8 s),
+        so a frozen daemon's responder falls silent soon after its peers have taken its VIPs. After a
+        stall longer than the lease, no renewal until the heartbeat thread has read what arrived
+        meanwhile (two intervals) and a reconcile ran from that (``Renewal``)."""
+        renew = getattr(self.announcer, "renew_lease", None)
+        if renew is None or self.membership is None:
+            return 1.0
+        if self._lease is None:
+            from .l2.lease import Renewal, lease_seconds  # noqa: PLC0415
+
+            interval, miss, _offset = self.membership.settings.heartbeat()
+            self._lease = Renewal(lease_seconds(interval, miss), settle=2 * interval)
+        sleep, event = self._lease.step(time.monotonic_ns(), renew)
+        if event is not None:
+            name = event.pop("event")
+            stalled = name == "l2LeaseStalled"
+            logs.event(log, name, "this process stood still longer than the layer-2 lease: not answering until "
+                       "a reconcile from what the heartbeats heard meanwhile" if stalled else
+                       "answering again after a reconcile that followed the stall",
+                       logging.WARNING if stalled else logging.INFO, **event)
+        return max(0.0, sleep)
 
     def _iteration(self, items: list[str]) -> None:
         if "reload" in items:

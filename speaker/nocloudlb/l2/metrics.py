@@ -19,6 +19,8 @@ class L2Metrics:
     conflicts: Counter
     responder_up: Gauge
     responder_restarts: Counter
+    lease_expired: Counter
+    lease_remaining: Gauge
 
 
 _by_registry: dict[int, L2Metrics] = {}
@@ -41,5 +43,10 @@ def l2_metrics(registry: CollectorRegistry | None = REGISTRY) -> L2Metrics:
                   "0 while the daemon answers in its place", registry=registry),
             Counter("nocloudlb_layer2_responder_restarts", "Number of times the ARP/NDP responder process "
                     "exited or hung and was replaced", registry=registry),
+            Counter("nocloudlb_layer2_lease_expired", "Number of ARP/NDP requests for owned IPs not answered "
+                    "because the daemon had not renewed the layer-2 lease in time (frozen or stalled)",
+                    registry=registry),
+            Gauge("nocloudlb_layer2_lease_remaining_seconds", "Seconds left before the ARP/NDP responder stops "
+                  "answering unless the daemon renews its lease (+Inf: no deadline yet)", registry=registry),
         )
     return _by_registry[key]
