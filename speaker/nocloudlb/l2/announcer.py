@@ -94,6 +94,7 @@ RESPONDER_PING = 0.5  # seconds between pings of the responder child
 RESPONDER_TIMEOUT = 2.0  # a ping unanswered this long: the child is hung, replace it
 RESPONDER_START = 20.0  # a child not ready this long after its start: replace it
 _RESPONDER = object()  # selector key data of the child's stdout
+LEASE_LOG_EVERY = 10.0  # seconds between leaseExpired lines (the counter counts every refusal)
 
 # Tokens a multicast join or leave takes from the pacing bucket (a gratuitous frame takes 1). The kernel
 # does not send a report per join: it puts one 20-byte record per changed group into MLDv2 state-change
@@ -224,7 +225,7 @@ class L2Announcer:
         self._lease = Lease.create()
         self._lease_grant = lease
         self._lease_refused = 0  # requests refused because the lease had run out (child and this thread)
-        self._lease_logged = False  # leaseExpired logged since the last renewal
+        self._lease_logged = -1e9  # when leaseExpired was logged last (at most every LEASE_LOG_EVERY s)
         self.metrics.lease_remaining.set_function(self._lease_remaining)
         # the responder process (see the module docstring)
         self._resp = ResponderClient(logger, responder_argv, lease_fd=self._lease.fd)
@@ -368,7 +369,6 @@ class L2Announcer:
         """
         expired = not self._lease.valid()
         self._lease.renew(seconds, start_ns)
-        self._lease_logged = False
         if expired and self._lease.valid():
             self._wake()
         return len(self._vips)
@@ -386,8 +386,9 @@ class L2Announcer:
         """``count`` requests for ``ip`` refused for want of a lease (counted; logged once per lapse)."""
         self._lease_refused += count
         self.metrics.lease_expired.inc(count)
-        if not self._lease_logged:
-            self._lease_logged = True
+        now = time.monotonic()
+        if now - self._lease_logged >= LEASE_LOG_EVERY:  # the child's late reports of one lapse: one line
+            self._lease_logged = now
             self.log.warning("leaseExpired", extra={
                 "event": "leaseExpired", "ip": ip, "refused": self._lease_refused,
                 "reason": "not answering: the daemon did not renew the layer-2 lease in time (frozen or stalled)"})
