@@ -445,9 +445,8 @@ class Speaker:
             settle_left = self._settle_until - time.monotonic()
             if settle_left > 0:  # decide again as soon as the start-up settle ends
                 timeout = min(timeout, settle_left + 0.01)
-            timeout = min(timeout, self._l2_lease())  # renewed on every pass, woken before it runs out
             try:
-                items = [self.events.get(timeout=timeout)]
+                items = [self._next_event(timeout)]  # renews the layer-2 lease while it waits
             except queue.Empty:
                 items = ["tick"]
             while True:  # coalesce bursts
@@ -474,23 +473,43 @@ class Speaker:
                 sdnotify.notify("WATCHDOG=1")
                 next_wd = time.monotonic() + wd
 
-    _lease: Any = None  # l2/lease.py Renewal, made at the first pass
+    _lease: Any = None  # l2/lease.py Renewal, made at the first wait
+
+    def _next_event(self, timeout: float) -> str:
+        """The loop's wait for the next event (queue.Empty after ``timeout``), renewing the layer-2 answering
+        lease (l2/lease.py) at its start and whenever it is due meanwhile: a renewal wakes only this wait
+        (no reconcile), every lease / 3 while the announcer holds addresses. Length: three heartbeat
+        timeouts within [0.3 s, 2 s] (``fast``: 0.3 s, ``lan``: 1.8 s), so a frozen daemon's responder falls
+        silent soon after its peers have taken its VIPs. After a stall longer than the lease (a freeze, or
+        a pass that long) no renewal until the heartbeat thread has read what arrived meanwhile (two
+        intervals) and a pass has reconciled from that (``Renewal``): the wait then ends early for it."""
+        end = time.monotonic() + timeout
+        while True:
+            sleep = self._l2_lease()
+            left = end - time.monotonic()
+            if sleep <= 0.0 or left <= 0.0:
+                raise queue.Empty  # a pass now: the loop's own timeout, or the reconcile that ends a stall
+            try:
+                return self.events.get(timeout=min(left, sleep))
+            except queue.Empty:
+                if sleep >= left:
+                    raise
 
     def _l2_lease(self) -> float:
-        """Renew the layer-2 answering lease (l2/lease.py) at the top of a loop pass; the longest the loop
-        may sleep. Length: three heartbeat timeouts within [0.3 s, 2 s] (``fast``: 0.3 s, ``lan``: 1.8 s),
-        so a frozen daemon's responder falls silent soon after its peers have taken its VIPs. After a
-        stall longer than the lease, no renewal until the heartbeat thread has read what arrived
-        meanwhile (two intervals) and a reconcile ran from that (``Renewal``)."""
+        """One step of the lease renewal; the longest the wait may last before the next one."""
         renew = getattr(self.announcer, "renew_lease", None)
         if renew is None or self.membership is None:
             return 1.0
-        if self._lease is None:
-            from .l2.lease import Renewal, lease_seconds  # noqa: PLC0415
+        try:
+            if self._lease is None:
+                from .l2.lease import Renewal, lease_seconds  # noqa: PLC0415
 
-            interval, miss, _offset = self.membership.settings.heartbeat()
-            self._lease = Renewal(lease_seconds(interval, miss), settle=2 * interval)
-        sleep, event = self._lease.step(time.monotonic_ns(), renew)
+                interval, miss, _offset = self.membership.settings.heartbeat()
+                self._lease = Renewal(lease_seconds(interval, miss), settle=2 * interval)
+            sleep, event = self._lease.step(time.monotonic_ns(), renew)
+        except Exception as exc:  # noqa: BLE001 - outside the loop's barrier: the lease lapses, the loop goes on
+            logs.event(log, "l2LeaseFailed", f"{type(exc).__name__}: {exc}"[:500], logging.ERROR)
+            return 0.1
         if event is not None:
             name = event.pop("event")
             stalled = name == "l2LeaseStalled"
@@ -498,7 +517,7 @@ class Speaker:
                        "a reconcile from what the heartbeats heard meanwhile" if stalled else
                        "answering again after a reconcile that followed the stall",
                        logging.WARNING if stalled else logging.INFO, **event)
-        return max(0.0, sleep)
+        return sleep
 
     def _iteration(self, items: list[str]) -> None:
         if "reload" in items:
