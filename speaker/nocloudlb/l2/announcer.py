@@ -850,7 +850,8 @@ class L2Announcer:
                 self.metrics.responses_sent.labels(ip).inc(sent)
             self._resp_stats = doc.get("s", self._resp_stats)
             if doc.get("lx"):
-                self._lease_refuse(next(iter(doc["n"]), ""), int(doc["lx"]))
+                refused = next((ip for ip, (received, sent) in doc["n"].items() if received > sent), "")
+                self._lease_refuse(refused, int(doc["lx"]))
         elif "error" in doc:
             self.log.warning("responderError", extra={"event": "responderError", "error": doc["error"]})
 
