@@ -47,14 +47,15 @@ the child's place (``_resp_fallback``) and before sending a gratuitous frame (th
 queue, in order, until the next renewal, or are dropped when their VIP is withdrawn meanwhile;
 probes and multicast joins are not held). So a frozen daemon's node stops answering within one
 lease, while its peers take its VIPs. Start-up: constructed with ``lease=None`` (tools and tests
-that drive the announcer directly) the lease is open (no deadline) until the first
-``renew_lease``, which makes it binding; with ``lease=S`` it is granted for S seconds at
-``start()``. The daemon renews it before its first reconcile, so it binds before any VIP is
-answered, and on every pass of its decision loop after that. Thaw: the daemon does not renew at
-once after a freeze longer than the lease (its peers took the VIPs meanwhile); it waits for its
-heartbeat thread to read what arrived during the freeze, reconciles, then renews (see
-``Speaker._l2_lease``). ``lease_status()`` (also ``stats()["responder"]["lease"]``) and
-``nocloudlb_layer2_lease_expired_total`` / ``nocloudlb_layer2_lease_remaining_seconds`` show it.
+that drive the announcer directly) the lease is open (no deadline) until the first ``renew_lease``,
+which makes it binding; with ``lease=S`` it is granted for S seconds at ``start()``. The daemon
+renews it before its first reconcile, so it binds before any VIP is answered, and on every pass of
+its decision loop after that (while it waits, at least every third of the lease). Thaw: the daemon
+does not renew at once after a freeze longer than the lease (its peers took the VIPs meanwhile); it
+waits for its heartbeat thread to read what arrived during the freeze, reconciles, then renews (see
+``lease.Renewal`` and ``Speaker._next_event``). ``lease_status()`` (also
+``stats()["responder"]["lease"]``) and ``nocloudlb_layer2_lease_expired_total`` /
+``nocloudlb_layer2_lease_remaining_seconds`` show it.
 
 Why ``reannounce``: the announcer only announces on a *change* of its own view. When the
 cluster heals (a frozen leader thaws, a leader's link comes back, a partition merges), the
@@ -383,7 +384,7 @@ class L2Announcer:
         return float("inf") if left is None else left
 
     def _lease_refuse(self, ip: str, count: int = 1) -> None:
-        """``count`` requests for ``ip`` refused for want of a lease (counted; logged once per lapse)."""
+        """``count`` requests for ``ip`` refused for want of a lease: counted, logged (every LEASE_LOG_EVERY s)."""
         self._lease_refused += count
         self.metrics.lease_expired.inc(count)
         now = time.monotonic()
@@ -673,9 +674,9 @@ class L2Announcer:
         with self._lock:
             if self._heap:
                 timeout = min(timeout, max(0.0, self._heap[0][0] - now))
-            held = not self._lease.valid()  # gratuitous frames wait for the renewal (it wakes this loop)
+            no_lease = not self._lease.valid()  # gratuitous frames wait for the renewal (it wakes this loop)
             for iface in self._ifaces.values():
-                if (iface.queue or iface.urgent) and not (held and self._held(iface)):
+                if (iface.queue or iface.urgent) and not (no_lease and self._held(iface)):
                     timeout = min(timeout, max(0.0, (1.0 - iface.tokens) / self.rate))
             timeout = min(timeout, self._supervise(now))
             sel = self._sel

@@ -28,17 +28,18 @@ at once when an address it does not pass is added, and lazily (0.2 s) after remo
 The responder exits when its stdin closes, so it never outlives the daemon (kill -9 included):
 an orphan answering for VIPs the cluster moved elsewhere would be a second owner.
 
-The lease (lease.py). A daemon that is *frozen* (SIGSTOP of its PID, not of this child; a stall
-that spares the child) keeps the pipe open, so stdin alone cannot tell. The daemon therefore
-hands the child a shared memory page (a memfd named by ``NOCLOUDLB_LEASE_FD`` in its environment,
-inherited with ``pass_fds``, mapped read-only here) holding a deadline on CLOCK_MONOTONIC, which its
-decision loop renews on every pass. The child answers a request only while that deadline has not
-passed (an 8-byte load and a vDSO clock read per request: no system call); after it, requests are
-refused and counted (``"lx"`` in the counters line, ``leaseRefused`` in the stats). So a frozen
-daemon's node falls silent within one lease (``fast``: 0.3 s, ``lan``: 1.8 s) while its peers,
-whose heartbeats stopped hearing it, take its VIPs. On thaw the daemon does not renew at once: it
-first lets its heartbeat thread read what arrived during the freeze and reconciles from that (see
-``Speaker._l2_lease``), so the child never answers again from the view it had before the freeze.
+The lease (lease.py). A daemon that is *frozen* (SIGSTOP of its PID, not of this child; a stall that
+spares the child) keeps the pipe open, so stdin alone cannot tell. The daemon therefore hands the
+child a shared memory page (a memfd named by ``NOCLOUDLB_LEASE_FD`` in its environment, inherited
+with ``pass_fds``, mapped read-only here) holding a deadline on CLOCK_MONOTONIC, which its decision
+loop renews while it waits (at least every third of the lease). The child answers a request only
+while that deadline has not passed (an 8-byte load and a vDSO clock read per request: no system
+call); after it, requests are refused and counted (``"lx"`` in the counters line, ``leaseRefused``
+in the stats). So a frozen daemon's node falls silent within one lease (``fast``: 0.3 s, ``lan``:
+1.8 s) while its peers, whose heartbeats stopped hearing it, take its VIPs. On thaw the daemon does
+not renew at once: it first lets its heartbeat thread read what arrived during the freeze (two
+heartbeat intervals) and reconciles from that, then renews (``lease.Renewal``,
+``Speaker._next_event``), so the child never answers again from the view it had before the freeze.
 Started without ``NOCLOUDLB_LEASE_FD`` (by hand, for debugging), it has no lease and answers while
 it runs.
 """
