@@ -23,14 +23,16 @@ class L2Metrics:
     lease_remaining: Gauge
 
 
-_by_registry: dict[int, L2Metrics] = {}
+# id(registry) -> (registry, its counters): the registry is kept, so that its id is never reused by
+# another registry (a test's short-lived one) that would then be handed counters it does not hold
+_by_registry: dict[int, tuple[CollectorRegistry | None, L2Metrics]] = {}
 
 
 def l2_metrics(registry: CollectorRegistry | None = REGISTRY) -> L2Metrics:
     """The layer-2 counters registered once in ``registry`` (None: unregistered, for tests)."""
     key = id(registry)
-    if key not in _by_registry:
-        _by_registry[key] = L2Metrics(
+    if key not in _by_registry or _by_registry[key][0] is not registry:
+        _by_registry[key] = registry, L2Metrics(
             Counter("nocloudlb_layer2_requests_received", "Number of layer2 requests received for owned IPs",
                     ["ip"], registry=registry),
             Counter("nocloudlb_layer2_responses_sent", "Number of layer2 responses sent for owned IPs",
@@ -49,4 +51,4 @@ def l2_metrics(registry: CollectorRegistry | None = REGISTRY) -> L2Metrics:
             Gauge("nocloudlb_layer2_lease_remaining_seconds", "Seconds left before the ARP/NDP responder stops "
                   "answering unless the daemon renews its lease (+Inf: no deadline yet)", registry=registry),
         )
-    return _by_registry[key]
+    return _by_registry[key][1]
