@@ -477,23 +477,25 @@ class Speaker:
 
     def _next_event(self, timeout: float) -> str:
         """The loop's wait for the next event (queue.Empty after ``timeout``), renewing the layer-2 answering
-        lease (l2/lease.py) at its start and whenever it is due meanwhile: a renewal wakes only this wait
-        (no reconcile), every lease / 3 while the announcer holds addresses. Length: three heartbeat
-        timeouts within [0.3 s, 2 s] (``fast``: 0.3 s, ``lan``: 1.8 s), so a frozen daemon's responder falls
-        silent soon after its peers have taken its VIPs. After a stall longer than the lease (a freeze, or
-        a pass that long) no renewal until the heartbeat thread has read what arrived meanwhile (two
-        intervals) and a pass has reconciled from that (``Renewal``): the wait then ends early for it."""
+        lease (l2/lease.py) at its start, whenever it is due meanwhile and just before the pass it returns to:
+        a renewal wakes only this wait (no reconcile), every lease / 3 while the announcer holds addresses.
+        Length: three heartbeat timeouts within [0.3 s, 2 s] (``fast``: 0.3 s, ``lan``: 1.8 s), so a frozen
+        daemon's responder falls silent soon after its peers have taken its VIPs. After a stall longer than the
+        lease (a freeze, or a pass that long) no renewal until the heartbeat thread has read what arrived
+        meanwhile (two intervals) and a pass has reconciled from that (``Renewal``): the wait then ends early
+        for it."""
         end = time.monotonic() + timeout
         while True:
-            sleep = self._l2_lease()
+            sleep = self._l2_lease()  # also just before each pass: what it announces is answered at once
             left = end - time.monotonic()
             if sleep <= 0.0 or left <= 0.0:
                 raise queue.Empty  # a pass now: the loop's own timeout, or the reconcile that ends a stall
             try:
-                return self.events.get(timeout=min(left, sleep))
+                item = self.events.get(timeout=min(left, sleep))
             except queue.Empty:
-                if sleep >= left:
-                    raise
+                continue
+            self._l2_lease()
+            return item
 
     def _l2_lease(self) -> float:
         """One step of the lease renewal; the longest the wait may last before the next one."""
