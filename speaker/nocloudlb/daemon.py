@@ -553,7 +553,7 @@ class Speaker:
             if settle_left > 0:  # decide again as soon as the start-up settle ends
                 timeout = min(timeout, settle_left + 0.01)
             try:
-                items = [self.events.get(timeout=timeout)]
+                items = [self._next_event(timeout)]  # renews the layer-2 lease while it waits
             except queue.Empty:
                 items = ["tick"]
             while True:  # coalesce bursts
@@ -629,6 +629,54 @@ class Speaker:
             self._withdrawn_unpublished = False
         self._fail_noted, self._fail_since = what, now_iso() if what else ""
         self.post()
+
+    _lease: Any = None  # l2/lease.py Renewal, made at the first wait
+
+    def _next_event(self, timeout: float) -> str:
+        """The loop's wait for the next event (queue.Empty after ``timeout``), renewing the layer-2 answering
+        lease (l2/lease.py) at its start, whenever it is due meanwhile and just before the pass it returns to:
+        a renewal wakes only this wait (no reconcile), every lease / 3 while the announcer holds addresses.
+        Length: two heartbeat timeouts within [0.3 s, 2 s] (``fast``: 0.3 s, ``lan``: 1.2 s), so a frozen
+        daemon's responder falls silent soon after its peers have taken its VIPs. After a stall longer than the
+        lease (a freeze, or a pass that long) no renewal until the heartbeat thread has read what arrived
+        meanwhile (two intervals) and a pass has reconciled from that (``Renewal``): the wait then ends early
+        for it."""
+        end = time.monotonic() + timeout
+        while True:
+            sleep = self._l2_lease()  # also just before each pass: what it announces is answered at once
+            left = end - time.monotonic()
+            if sleep <= 0.0 or left <= 0.0:
+                raise queue.Empty  # a pass now: the loop's own timeout, or the reconcile that ends a stall
+            try:
+                item = self.events.get(timeout=min(left, sleep))
+            except queue.Empty:
+                continue
+            self._l2_lease()
+            return item
+
+    def _l2_lease(self) -> float:
+        """One step of the lease renewal; the longest the wait may last before the next one."""
+        renew = getattr(self.announcer, "renew_lease", None)
+        if renew is None or self.membership is None:
+            return 1.0
+        try:
+            if self._lease is None:
+                from .l2.lease import Renewal, lease_seconds  # noqa: PLC0415
+
+                interval, miss, _offset = self.membership.settings.heartbeat()
+                self._lease = Renewal(lease_seconds(interval, miss), settle=2 * interval)
+            sleep, event = self._lease.step(time.monotonic_ns(), renew)
+        except Exception as exc:  # noqa: BLE001 - outside the loop's barrier: the lease lapses, the loop goes on
+            logs.event(log, "l2LeaseFailed", f"{type(exc).__name__}: {exc}"[:500], logging.ERROR)
+            return 0.1
+        if event is not None:
+            name = event.pop("event")
+            stalled = name == "l2LeaseStalled"
+            logs.event(log, name, "this process stood still longer than the layer-2 lease: not answering until "
+                       "a reconcile from what the heartbeats heard meanwhile" if stalled else
+                       "answering again after a reconcile that followed the stall",
+                       logging.WARNING if stalled else logging.INFO, **event)
+        return sleep
 
     def _iteration(self, items: list[str]) -> None:
         if "reload" in items:

@@ -3,6 +3,7 @@
     python -m nocloudlb.l2 serve [--node N] [--options JSON]
         stdin:  {"cmd": "set", "vips": {"198.51.100.200": []}, "skip_check": []}
                 {"cmd": "stats"} | {"cmd": "conflicts"} | {"cmd": "quit"}
+                {"cmd": "lease", "seconds": S}: renew the answering lease for S seconds (0: let it run out now)
                 {"cmd": "busy", "seconds": S, "toggle": [ip, ...]}: for S seconds, keep the announcer
                     working as a busy daemon does (benchmarks): set_announced() of the whole set again
                     and again with the ``toggle`` addresses withdrawn and given back in turn, on another thread
@@ -71,6 +72,8 @@ def _serve(args: argparse.Namespace) -> int:
                     threading.Thread(target=_busy, args=(ann, float(req["seconds"]), list(req.get("toggle", []))),
                                      daemon=True).start()
                     out = {"ok": True}
+                elif cmd == "lease":
+                    out = {"ok": True, "held": ann.renew_lease(float(req["seconds"]))}
                 elif cmd == "conflicts":
                     out = {"ok": True, "conflicts": ann.conflicts()}
                 elif cmd == "quit":

@@ -40,6 +40,23 @@ or find the old leader still answering during a graceful handover and wrongly ca
 conflict. The daemon knows which case it is in, so it passes those addresses in
 ``skip_check``.
 
+The lease (lease.py). Answers and gratuitous frames happen only while the lease the daemon renews
+(``renew_lease``, a plain store into a shared memory page, from any thread) has not run out: the
+responder child reads the same page before each answer, this thread checks it before answering in
+the child's place (``_resp_fallback``) and before sending a gratuitous frame (those wait in their
+queue, in order, until the next renewal, or are dropped when their VIP is withdrawn meanwhile;
+probes and multicast joins are not held). So a frozen daemon's node stops answering within one
+lease, while its peers take its VIPs. Start-up: constructed with ``lease=None`` (tools and tests
+that drive the announcer directly) the lease is open (no deadline) until the first ``renew_lease``,
+which makes it binding; with ``lease=S`` it is granted for S seconds at ``start()``. The daemon
+renews it before its first reconcile, so it binds before any VIP is answered, and on every pass of
+its decision loop after that (while it waits, at least every third of the lease). Thaw: the daemon
+does not renew at once after a freeze longer than the lease (its peers took the VIPs meanwhile); it
+waits for its heartbeat thread to read what arrived during the freeze, reconciles, then renews (see
+``lease.Renewal`` and ``Speaker._next_event``). ``lease_status()`` (also
+``stats()["responder"]["lease"]``) and ``nocloudlb_layer2_lease_expired_total`` /
+``nocloudlb_layer2_lease_remaining_seconds`` show it.
+
 Why ``reannounce``: the announcer only announces on a *change* of its own view. When the
 cluster heals (a frozen leader thaws, a leader's link comes back, a partition merges), the
 election gives a VIP back to a node that, in its own view, never lost it, while the client's
@@ -70,6 +87,7 @@ from .addresses import canonical_ips
 from .addresses import parse as parse_ip
 from .bpf import ARP_NDP_PROGRAM, DROP_ALL, attach_filter, open_packet_socket, set_link_multicast
 from .interfaces import EXCLUDED, Interface, interfaces
+from .lease import Lease
 from .metrics import l2_metrics
 from .responder import ResponderClient
 
@@ -77,6 +95,7 @@ RESPONDER_PING = 0.5  # seconds between pings of the responder child
 RESPONDER_TIMEOUT = 2.0  # a ping unanswered this long: the child is hung, replace it
 RESPONDER_START = 20.0  # a child not ready this long after its start: replace it
 _RESPONDER = object()  # selector key data of the child's stdout
+LEASE_LOG_EVERY = 10.0  # seconds between leaseExpired lines (the counter counts every refusal)
 
 # Tokens a multicast join or leave takes from the pacing bucket (a gratuitous frame takes 1). The kernel
 # does not send a report per join: it puts one 20-byte record per changed group into MLDv2 state-change
@@ -159,6 +178,7 @@ class L2Announcer:
         registry: CollectorRegistry | None = REGISTRY,
         is_peer_mac: Callable[[bytes], bool] | None = None,
         responder_argv: list[str] | None = None,
+        lease: float | None = None,
     ) -> None:
         for name, value, low in [("check_probes", check_probes, 0), ("garp_rounds", garp_rounds, 1),
                                  ("rate", rate, 1), ("burst", burst, 1), ("check_interval", check_interval, 0),
@@ -166,6 +186,8 @@ class L2Announcer:
                                  ("rescan_interval", rescan_interval, 0.1)]:
             if value < low:
                 raise ValueError(f"L2Announcer: {name} must be >= {low}, got {value!r}")
+        if lease is not None and not lease > 0:
+            raise ValueError(f"L2Announcer: lease must be > 0 seconds (or None: open until renewed), got {lease!r}")
         self.node_name = node_name
         self.log = logger
         # A cluster member answering during a handover is not a conflict: the daemon says who is one.
@@ -204,8 +226,14 @@ class L2Announcer:
         self._stopping = threading.Event()
         self._next_rescan = 0.0
         self._rescan_now = False
+        # the answering lease (see the module docstring): granted at start() when ``lease`` is given
+        self._lease = Lease.create()
+        self._lease_grant = lease
+        self._lease_refused = 0  # requests refused because the lease had run out (child and this thread)
+        self._lease_logged = -1e9  # when leaseExpired was logged last (at most every LEASE_LOG_EVERY s)
+        self.metrics.lease_remaining.set_function(self._lease_remaining)
         # the responder process (see the module docstring)
-        self._resp = ResponderClient(logger, responder_argv)
+        self._resp = ResponderClient(logger, responder_argv, lease_fd=self._lease.fd)
         self._resp_up = False
         self._resp_fallback = True  # this thread answers until a child has the whole state
         self._resp_restarts = 0
@@ -229,6 +257,8 @@ class L2Announcer:
             self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
             self._sel.register(self._wake_r, selectors.EVENT_READ, None)
             self._stopping.clear()
+            if self._lease_grant is not None:
+                self._lease.renew(self._lease_grant)
             self._rescan()
             self._spawn_responder(time.monotonic())
             self._thread = threading.Thread(target=self._run, name=f"l2-{self.node_name}", daemon=True)
@@ -335,6 +365,39 @@ class L2Announcer:
             self._wake()
         return done
 
+    def renew_lease(self, seconds: float, start_ns: int | None = None) -> int:
+        """Answer for ``seconds`` more, counted from ``start_ns`` (CLOCK_MONOTONIC ns, default now).
+
+        Thread-safe and cheap (one store into the shared page, no lock, no system call) except when
+        the lease had run out: then the event loop is woken, for the gratuitous frames held meanwhile.
+        Returns how many addresses were given to ``set_announced`` (0: the lease covers nothing now).
+        """
+        expired = not self._lease.valid()
+        self._lease.renew(seconds, start_ns)
+        if expired and self._lease.valid():
+            self._wake()
+        return len(self._vips)
+
+    def lease_status(self) -> dict:
+        """``remainingMs`` (None: no deadline yet) and ``refused``: requests not answered for want of a lease."""
+        left = self._lease.remaining()
+        return {"remainingMs": None if left is None else round(left * 1000, 1), "refused": self._lease_refused}
+
+    def _lease_remaining(self) -> float:
+        left = self._lease.remaining()
+        return float("inf") if left is None else left
+
+    def _lease_refuse(self, ip: str, count: int = 1) -> None:
+        """``count`` requests for ``ip`` refused for want of a lease: counted, logged (every LEASE_LOG_EVERY s)."""
+        self._lease_refused += count
+        self.metrics.lease_expired.inc(count)
+        now = time.monotonic()
+        if now - self._lease_logged >= LEASE_LOG_EVERY:  # the child's late reports of one lapse: one line
+            self._lease_logged = now
+            self.log.warning("leaseExpired", extra={
+                "event": "leaseExpired", "ip": ip, "refused": self._lease_refused,
+                "reason": "not answering: the daemon did not renew the layer-2 lease in time (frozen or stalled)"})
+
     def conflicts(self) -> list[dict]:
         """Addresses not announced because another MAC answered for them: ip, mac, iface, at (ISO 8601)."""
         with self._lock:
@@ -380,6 +443,7 @@ class L2Announcer:
     def _responder_status(self) -> dict:
         return {"up": self._resp_up, "pid": self._resp.pid, "restarts": self._resp_restarts,
                 "answeringInDaemon": self._resp_fallback, "exits": list(self._resp_exits),
+                "lease": self.lease_status(),
                 **{k: v for k, v in self._resp_stats.items() if k != "pid"}}
 
     # -- state changes (called with the lock held) ----------------------------------------
@@ -614,8 +678,9 @@ class L2Announcer:
         with self._lock:
             if self._heap:
                 timeout = min(timeout, max(0.0, self._heap[0][0] - now))
+            no_lease = not self._lease.valid()  # gratuitous frames wait for the renewal (it wakes this loop)
             for iface in self._ifaces.values():
-                if iface.queue or iface.urgent:
+                if (iface.queue or iface.urgent) and not (no_lease and self._held(iface)):
                     timeout = min(timeout, max(0.0, (1.0 - iface.tokens) / self.rate))
             timeout = min(timeout, self._supervise(now))
             sel = self._sel
@@ -679,7 +744,9 @@ class L2Announcer:
             ip = pkt.target_ip
             self._counts["requests_received"][ip] += 1
             self.metrics.requests_received.labels(ip).inc()
-            if self._send(iface, arp.reply_to(pkt, iface.mac)):
+            if not self._lease.valid():
+                self._lease_refuse(ip)
+            elif self._send(iface, arp.reply_to(pkt, iface.mac)):
                 self._counts["responses_sent"][ip] += 1
                 self.metrics.responses_sent.labels(ip).inc()
             return
@@ -704,7 +771,9 @@ class L2Announcer:
                 ip = pkt.target_ip
                 self._counts["requests_received"][ip] += 1
                 self.metrics.requests_received.labels(ip).inc()
-                if self._send(iface, ndp.reply_to(pkt, iface.mac)):
+                if not self._lease.valid():
+                    self._lease_refuse(ip)
+                elif self._send(iface, ndp.reply_to(pkt, iface.mac)):
                     self._counts["responses_sent"][ip] += 1
                     self.metrics.responses_sent.labels(ip).inc()
             return
@@ -789,6 +858,9 @@ class L2Announcer:
                 self.metrics.requests_received.labels(ip).inc(received)
                 self.metrics.responses_sent.labels(ip).inc(sent)
             self._resp_stats = doc.get("s", self._resp_stats)
+            if doc.get("lx"):
+                refused = next((ip for ip, (received, sent) in doc["n"].items() if received > sent), "")
+                self._lease_refuse(refused, int(doc["lx"]))
         elif "error" in doc:
             self.log.warning("responderError", extra={"event": "responderError", "error": doc["error"]})
 
@@ -928,13 +1000,24 @@ class L2Announcer:
         if self.conflict_retry > 0:
             self._schedule(now + self.conflict_retry, "recheck", vip)
 
+    @staticmethod
+    def _held(iface: _Iface) -> bool:
+        """The next frame to leave ``iface`` is a gratuitous one (it waits while the lease has run out)."""
+        head = (iface.urgent or iface.queue)[0]
+        return head[3] == "gratuitous"
+
     def _transmit(self) -> None:
         now = time.monotonic()
+        leased = self._lease.valid()
         for iface in self._ifaces.values():
             iface.tokens = min(float(self.burst), iface.tokens + (now - iface.refilled) * self.rate)
             iface.refilled = now
             budget = 512  # frames per loop pass, so receiving is never starved
             while (iface.urgent or iface.queue) and iface.tokens >= 1.0 and budget > 0:
+                if not leased and self._held(iface):
+                    head = (iface.urgent or iface.queue)[0]
+                    if self._current(head[0], head[1]) is not None:
+                        break  # no lease: claim nothing on the wire; kept, in order, for the next renewal
                 ip, gen, frame, kind, series = (iface.urgent or iface.queue).popleft()
                 if kind == "mcast":
                     if self._reconcile_group(iface, frame):

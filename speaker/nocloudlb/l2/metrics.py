@@ -19,16 +19,20 @@ class L2Metrics:
     conflicts: Counter
     responder_up: Gauge
     responder_restarts: Counter
+    lease_expired: Counter
+    lease_remaining: Gauge
 
 
-_by_registry: dict[int, L2Metrics] = {}
+# id(registry) -> (registry, its counters): the registry is kept, so that its id is never reused by
+# another registry (a test's short-lived one) that would then be handed counters it does not hold
+_by_registry: dict[int, tuple[CollectorRegistry | None, L2Metrics]] = {}
 
 
 def l2_metrics(registry: CollectorRegistry | None = REGISTRY) -> L2Metrics:
     """The layer-2 counters registered once in ``registry`` (None: unregistered, for tests)."""
     key = id(registry)
-    if key not in _by_registry:
-        _by_registry[key] = L2Metrics(
+    if key not in _by_registry or _by_registry[key][0] is not registry:
+        _by_registry[key] = registry, L2Metrics(
             Counter("nocloudlb_layer2_requests_received", "Number of layer2 requests received for owned IPs",
                     ["ip"], registry=registry),
             Counter("nocloudlb_layer2_responses_sent", "Number of layer2 responses sent for owned IPs",
@@ -41,5 +45,10 @@ def l2_metrics(registry: CollectorRegistry | None = REGISTRY) -> L2Metrics:
                   "0 while the daemon answers in its place", registry=registry),
             Counter("nocloudlb_layer2_responder_restarts", "Number of times the ARP/NDP responder process "
                     "exited or hung and was replaced", registry=registry),
+            Counter("nocloudlb_layer2_lease_expired", "Number of ARP/NDP requests for owned IPs not answered "
+                    "because the daemon had not renewed the layer-2 lease in time (frozen or stalled)",
+                    registry=registry),
+            Gauge("nocloudlb_layer2_lease_remaining_seconds", "Seconds left before the ARP/NDP responder stops "
+                  "answering unless the daemon renews its lease (+Inf: no deadline yet)", registry=registry),
         )
-    return _by_registry[key]
+    return _by_registry[key][1]

@@ -27,6 +27,21 @@ at once when an address it does not pass is added, and lazily (0.2 s) after remo
 
 The responder exits when its stdin closes, so it never outlives the daemon (kill -9 included):
 an orphan answering for VIPs the cluster moved elsewhere would be a second owner.
+
+The lease (lease.py). A daemon that is *frozen* (SIGSTOP of its PID, not of this child; a stall that
+spares the child) keeps the pipe open, so stdin alone cannot tell. The daemon therefore hands the
+child a shared memory page (a memfd named by ``NOCLOUDLB_LEASE_FD`` in its environment, inherited
+with ``pass_fds``, mapped read-only here) holding a deadline on CLOCK_MONOTONIC, which its decision
+loop renews while it waits (at least every third of the lease). The child answers a request only
+while that deadline has not passed (an 8-byte load and a vDSO clock read per request: no system
+call); after it, requests are refused and counted (``"lx"`` in the counters line, ``leaseRefused``
+in the stats). So a frozen daemon's node falls silent within one lease (``fast``: 0.3 s, ``lan``:
+1.2 s) while its peers, whose heartbeats stopped hearing it, take its VIPs. On thaw the daemon does
+not renew at once: it first lets its heartbeat thread read what arrived during the freeze (two
+heartbeat intervals) and reconciles from that, then renews (``lease.Renewal``,
+``Speaker._next_event``), so the child never answers again from the view it had before the freeze.
+Started without ``NOCLOUDLB_LEASE_FD`` (by hand, for debugging), it has no lease and answers while
+it runs.
 """
 
 from __future__ import annotations
@@ -47,6 +62,8 @@ from dataclasses import dataclass, field
 
 from . import ndp
 from .bpf import ARP_NDP_PROGRAM, answer_program, attach_filter, open_packet_socket
+from .lease import ENV as LEASE_ENV
+from .lease import Lease
 
 _ARP_HDR = b"\x00\x01\x08\x00\x06\x04"
 _ARP_REQ = b"\x00\x01"
@@ -78,8 +95,11 @@ class _Port:
 class Responder:
     """The process side; see the module docstring. Single-threaded."""
 
-    def __init__(self, ctl_in: int = 0, ctl_out: int = 1) -> None:
+    def __init__(self, ctl_in: int = 0, ctl_out: int = 1, lease: Lease | None = None) -> None:
         self.ctl_in, self.ctl_out = ctl_in, ctl_out
+        self.lease = lease  # None: answer while running (no daemon renews anything)
+        self.refused = 0  # requests not answered because the lease had run out (since start)
+        self.refused_new = 0  # ... since the last counters line
         self.ep = select.epoll()
         self.ports: dict[str, _Port] = {}
         self.by_fd: dict[int, _Port] = {}
@@ -194,7 +214,7 @@ class Responder:
 
     # -- frames -------------------------------------------------------------------------------
     def frames(self, port: _Port) -> None:
-        sock, mac, answer, watch = port.sock, port.mac, port.answer, self.watch
+        sock, mac, answer, watch, lease = port.sock, port.mac, port.answer, self.watch, self.lease
         for _i in range(64):
             try:
                 data = sock.recv(2048)
@@ -210,8 +230,11 @@ class Responder:
                     continue
                 tpa, spa = data[38:42], data[28:32]
                 if data[20:22] == _ARP_REQ and tpa in answer and spa != tpa:
-                    sha = data[22:28]
-                    self.send(port, sha + port.arp_head + tpa + sha + spa + _PAD, tpa)
+                    if lease is not None and not lease.valid():
+                        self.refuse(tpa)
+                    else:
+                        sha = data[22:28]
+                        self.send(port, sha + port.arp_head + tpa + sha + spa + _PAD, tpa)
                 if spa in watch:
                     self.report(port, data)
                 elif spa == tpa and spa in answer:  # another MAC announces an address answered here
@@ -224,6 +247,9 @@ class Responder:
                         continue
                     if pkt.src == ndp.UNSPECIFIED and pkt.dst != ndp.solicited_node(target):
                         continue  # RFC 4861 7.1.1: DAD NS must go to the solicited-node group
+                    if lease is not None and not lease.valid():
+                        self.refuse(target)
+                        continue
                     self.send(port, ndp.reply_to(pkt, mac), target)
                 elif target in watch and data[6:12] != mac:
                     self.report(port, data)
@@ -254,6 +280,16 @@ class Responder:
         self.claims[ip] = now
         self.report(port, data)
 
+    def refuse(self, ip: bytes) -> None:
+        """A request for ``ip`` not answered: the daemon's lease ran out (it is frozen or stalled)."""
+        c = self.counts.get(ip)
+        if c is None:
+            c = self.counts[ip] = [0, 0]
+        c[0] += 1
+        self.refused += 1
+        self.refused_new += 1
+        self.changed = True
+
     def report(self, port: _Port, data: bytes) -> None:
         self.reported += 1
         self.emit({"f": port.name, "x": data.hex()})
@@ -267,13 +303,17 @@ class Responder:
         counts = {socket.inet_ntop(socket.AF_INET if len(ip) == 4 else socket.AF_INET6, ip): c
                   for ip, c in self.counts.items()}
         self.counts = {}
-        self.emit({"n": counts, "s": self.stats()})
+        doc: dict = {"n": counts, "s": self.stats()}
+        if self.refused_new:
+            doc["lx"], self.refused_new = self.refused_new, 0
+        self.emit(doc)
 
     def stats(self) -> dict:
         return {"rx": {p.name: p.rx for p in self.ports.values()},
                 "answered": {p.name: p.answered for p in self.ports.values()},
                 "exact": {p.name: p.passes is not None for p in self.ports.values()},
-                "reported": self.reported, "refilters": self.refilters, "pid": os.getpid()}
+                "reported": self.reported, "refilters": self.refilters, "pid": os.getpid(),
+                "leaseRefused": self.refused}
 
     # -- loop ---------------------------------------------------------------------------------
     def run(self) -> int:
@@ -303,8 +343,10 @@ class Responder:
 def main() -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's ^C is for the daemon; we end at stdin EOF
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    fd = os.environ.get(LEASE_ENV)
+    lease = Lease.attach(int(fd)) if fd else None  # an unusable fd: exit (the announcer answers, with its lease)
     try:
-        return Responder().run()
+        return Responder(lease=lease).run()
     except BrokenPipeError:
         return 0
 
@@ -317,9 +359,10 @@ class ResponderClient:
     never block the announcer (it is detected by the ping and replaced instead).
     """
 
-    def __init__(self, log: logging.Logger, argv: list[str] | None = None) -> None:
+    def __init__(self, log: logging.Logger, argv: list[str] | None = None, lease_fd: int | None = None) -> None:
         self.log = log
         self.argv = argv or [sys.executable, "-m", "nocloudlb.l2.responder"]
+        self.lease_fd = lease_fd  # the announcer's lease memfd: inherited by every child (lease.py)
         self.proc: subprocess.Popen | None = None
         self.out = bytearray()
         # send() and flush() run on the announcer's thread and (flush, from its wake-up) on the caller's:
@@ -337,8 +380,12 @@ class ResponderClient:
             self.out.clear()
         self.inbuf = b""
         self.ready = False
+        fds: tuple[int, ...] = ()
+        env = None
+        if self.lease_fd is not None:
+            fds, env = (self.lease_fd,), {**os.environ, LEASE_ENV: str(self.lease_fd)}
         self.proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0,
-                                     close_fds=True)
+                                     close_fds=True, pass_fds=fds, env=env)
         assert self.proc.stdin is not None and self.proc.stdout is not None
         os.set_blocking(self.proc.stdin.fileno(), False)
         os.set_blocking(self.proc.stdout.fileno(), False)
