@@ -61,7 +61,6 @@ from nocloudlb.core.allocation import held_address_problems
 from nocloudlb.core.bgp import read_password_files  # mode: bgp
 from nocloudlb.core.election import DRAIN_LABEL, NodeView
 from nocloudlb.core.errors import ConfigError
-from nocloudlb.core.quorum import has_quorum
 
 from . import logs, memory, sdnotify
 from .config import ConfigHolder, KeyFileWatch, SpeakerConfig, now_iso, runtime_label_problem
@@ -71,6 +70,7 @@ from .l2.mode import L2View, VipRow
 from .membership import KeyFileError, Membership, MembershipSettings, read_key_file, split_addr
 from .metadata import MAX_META, MetaCodec, PeerInfo
 from .modes import FAIL_BOUND, FailClock, Mode, ModeRunner, StepFailed, Steps
+from .quorumwire import QuorumWiring
 from .state import LabelStore
 
 log = logging.getLogger("nocloudlb.speaker")
@@ -172,7 +172,7 @@ class Speaker:
         self.cfg: SpeakerConfig | None = None
         self.membership: Membership | None = None
         self.heartbeat: Heartbeat | None = None  # heartbeat: direct heartbeats (fast suspicion, drains)
-        self.witness: Any = None  # memberlist.witness: one more quorum vote while it answers (witness.py)
+        self._quorum: QuorumWiring | None = None  # quorumwire.py: who may take VIPs, made at start
         self.health: HealthChecker | None = None
         self.control: Any = None
         self.labels: LabelStore | None = None
@@ -455,6 +455,7 @@ class Speaker:
         self._metrics = serve(cfg.metrics_bind, self.metrics_snapshot)
 
         settings = MembershipSettings(cfg.node_name, cfg.bind, cfg.join, self.keys, cfg.profile, cfg.overrides)
+        self._quorum = QuorumWiring(cfg, lambda: self.membership, self.post)
         self.membership = Membership(settings, self.post, logging.getLogger("nocloudlb.membership"),
                                      on_heal=lambda reason, node: self.post(f"heal\t{reason}\t{node}"),
                                      on_message=self._on_message)
@@ -480,56 +481,13 @@ class Speaker:
                        "failure detection falls back to gossip (slower)", logging.ERROR)
             return
         self.heartbeat = hb
-        if self.l2 is not None:  # after a heal, a few heartbeat timeouts for the view to settle (l2/disagree.py)
-            self.l2.wire.settle = 3 * hb.timeout
-        self._warn_even_cluster()
-        hb.on_quorum = lambda: self.post(f"heal\tquorumGained\t{settings.name}")
         hb.set_meta(meta)
-        if self.cfg is not None and self.cfg.witness:
-            from .witness import Witness  # noqa: PLC0415
-
-            w = Witness(self.cfg.witness, period=max(interval * miss / 2, 0.02), window=interval * miss * 1.5,
-                        on_change=hb.witness_changed, logger=logging.getLogger("nocloudlb.witness"))
-            try:
-                w.start()
-            except OSError as exc:
-                logs.event(log, "witnessFailed", f"cannot ping the witness {self.cfg.witness}: {exc}; "
-                           "its vote counts as absent", logging.ERROR)
-            self.witness = w
-            hb.set_witness(w.up)
-
-    def _warn_even_cluster(self) -> None:
-        if self.cfg is not None and not self.cfg.witness and self.configured_members() % 2 == 0:
-            logs.event(log, "quorumWithoutWitness", "an even number of configured members and no memberlist.witness: "
-                       "a crash in a two-node cluster (an even split in a larger one) leaves no side with a majority, "
-                       "so the dead node's VIPs stay unowned; name the gateway as witness", logging.WARNING,
-                       members=self.configured_members())
-
-    def configured_members(self) -> int:
-        """The members the config names: the join list's addresses and this node's bind, once each."""
-        assert self.cfg is not None
-        return len({self.cfg.bind, *self.cfg.join})
+        if self._quorum is not None:
+            self._quorum.attach(hb, self.l2)
 
     def quorum(self) -> bool:
-        """This node is connected to a majority of the cluster's votes (nocloudlb.core.quorum): it may take
-        VIPs. From the heartbeats (who hears whom); without them, from gossip's alive members."""
-        if self.heartbeat is not None:
-            return self.heartbeat.view().quorum
-        if self.cfg is None or self.membership is None:
-            return False
-        members = self.membership.members()
-        alive = sum(1 for m in members if m.state in ("alive", "suspect") and m.name != self.cfg.node_name)
-        return has_quorum(alive, *self._quorum_basis(members), bool(self.cfg.witness),
-                          self.witness is not None and self.witness.up())
-
-    def _quorum_basis(self, members: list) -> tuple[int, int]:
-        """(configured, known) for the quorum: the configured members less those that left gracefully (a
-        member that left withdrew everything first, it competes for nothing: a rolling restart of a
-        two-node cluster keeps quorum), and the members gossip knows alive, suspect or dead, this one too."""
-        assert self.cfg is not None
-        left = sum(1 for m in members if m.state == "left" and m.name != self.cfg.node_name)
-        known = sum(1 for m in members if m.state != "left" and m.name != self.cfg.node_name) + 1
-        return max(1, self.configured_members() - left), known
+        """This node is connected to a majority of the cluster's votes (quorumwire.py): it may take VIPs."""
+        return self._quorum.has() if self._quorum is not None else False
 
     def _suspecters(self) -> frozenset[str]:
         """Members that suspect this node now (heartbeat.py's rule 2 and 3): it yields them the VIPs
@@ -719,8 +677,8 @@ class Speaker:
             self.membership.leave(timeout=1.0)
         if self.heartbeat is not None:
             self.heartbeat.close()
-        if self.witness is not None:
-            self.witness.close()
+        if self._quorum is not None:
+            self._quorum.close()
         for m in self.modes:
             m.close()
         if self.control is not None:
@@ -828,7 +786,8 @@ class Speaker:
                 continue  # no port to offset: no heartbeat for it
             peers[m.name] = ((host, port + offset), m.state)
         self.heartbeat.set_peers(peers)
-        self.heartbeat.set_quorum_basis(*self._quorum_basis(members))
+        if self._quorum is not None:
+            self.heartbeat.set_quorum_basis(*self._quorum.basis(members))
 
     def _publish(self) -> None:
         assert self.membership is not None
@@ -1032,7 +991,7 @@ class Speaker:
             "health": self.health.status() if self.health else {},
             "heartbeat": self.heartbeat.status() if self.heartbeat else {},
             "quorum": self.quorum() if self.cfg is not None else False,
-            "witness": self.witness.status() if self.witness is not None else None,
+            "witness": self._quorum.status() if self._quorum is not None else None,
             "arpSysctls": getattr(self._delivery, "sysctl_status", dict)(),  # edges (issue 8 defect 8)
             "failClosed": {"reason": self._fail_reason(), "since": self._fail_since} if self._fail_noted else {},
             "steps": self.steps.status(),

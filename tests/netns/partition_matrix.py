@@ -54,7 +54,8 @@ def witness_problem(witness: str = "198.51.100.2") -> str:
     from nocloudlb.core.errors import ConfigError  # noqa: PLC0415
 
     doc = {"node": {"name": "n1"}, "memberlist": {"bind": "198.51.100.11:7946", "join": ["198.51.100.12:7946"],
-                                                  "profile": "fast", "witness": witness},
+                                                  "keyFile": "/etc/nocloudlb/memberlist.key", "profile": "fast",
+                                                  "witness": witness},
            "resources": pool_docs()}
     try:
         parse(doc)

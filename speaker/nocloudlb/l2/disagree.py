@@ -42,6 +42,7 @@ log = logging.getLogger("nocloudlb.speaker")
 CONTESTS = Counter("nocloudlb_layer2_contests", "Another member announced a VIP this node announced, by outcome",
                    ["outcome"])
 
+CONTEST_MEMORY = 5.0  # seconds a contest kept (with quorum) is judged again at each apply: quorum may go soon after
 CONTEST_HOLD = 0.2  # seconds a VIP yielded on the wire stays yielded at least (a flickering quorum: no flip-flop)
 MAX_PENDING = 4096  # contests queued between two applies (a flood of forged frames is bounded)
 
@@ -55,6 +56,7 @@ class WireRule:
         self._lock = threading.Lock()
         self._pending: list[tuple[str, str]] = []  # (ip, member) seen on the wire, not judged yet
         self.yielded: dict[str, tuple[str, float]] = {}  # ip -> (member yielded to, when)
+        self.kept: dict[str, tuple[str, float]] = {}  # ip -> (member it was kept against, when seen)
         self.counts = {"yielded": 0, "kept": 0, "foreign": 0}
         self.settle = 0.0  # seconds after quorum is gained back during which nothing new is taken
         self._had_quorum: bool | None = None  # None: no apply yet
@@ -87,7 +89,12 @@ class WireRule:
         self._had_quorum = quorum
         self._ever_quorum = self._ever_quorum or quorum
         may_take = quorum and not self.settling(now)
-        for ip, member in pending:
+        # a contest kept with quorum is judged again while recent: the other side's announcement may have
+        # come a moment before this node lost quorum (both follow the same cut), and its next round is a
+        # gratuitous-ARP interval away
+        self.kept = {ip: (m, at) for ip, (m, at) in self.kept.items() if now - at < CONTEST_MEMORY and ip in announced}
+        again = [(ip, m) for ip, (m, _at) in self.kept.items() if (ip, m) not in pending]
+        for ip, member in [*dict.fromkeys(pending), *again]:
             if ip not in announced or ip in self.yielded:
                 continue  # not ours (any more): nothing to yield
             cands = list(candidates.get(ip, ()))
@@ -96,13 +103,16 @@ class WireRule:
             if lead in order:  # the current leader first: the election's own ranking (scores included)
                 order.remove(lead)
                 order.insert(0, lead)
+            fresh = (ip, member) in pending
             if contest_yields(me, member, quorum, order, cands):
+                self.kept.pop(ip, None)
                 self.yielded[ip] = (member, now)
                 self.counts["yielded"] += 1
                 CONTESTS.labels("yielded").inc()
                 logs.event(log, "vipContested", "another member announces this VIP: yielding it (the wire is the "
                            "last word)", logging.WARNING, ip=ip, member=member, quorum=quorum, outcome="yielded")
-            else:
+            elif fresh:
+                self.kept[ip] = (member, now)
                 self.counts["kept"] += 1
                 CONTESTS.labels("kept").inc()
                 logs.event(log, "vipContested", "another member announces this VIP: keeping it (it yields by the "

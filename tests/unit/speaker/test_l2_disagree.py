@@ -86,3 +86,16 @@ def test_quorum_gained_back_settles_before_anything_new_is_taken():
     assert w.settling()
     time.sleep(0.35)
     assert w.hold_back("n1", True, final, announced=[V1], candidates={}, leaders={}) == {}
+
+
+def test_a_contest_kept_with_quorum_is_judged_again_when_quorum_goes_a_moment_later():
+    """Both sides follow the same cut: the new owner's gratuitous ARP may arrive just before this node
+    notices it lost quorum. The contest is remembered and judged again at the next apply, not only at
+    the other side's next round (a gratuitous-ARP interval later)."""
+    w, _posted = rule()
+    cands = {V1: ["n1", "n2"]}
+    w.contest(V1, N2)
+    assert w.hold_back("n1", True, {V1: []}, announced=[V1], candidates=cands, leaders={V1: "n1"}) == {}
+    assert w.counts["kept"] == 1
+    out = w.hold_back("n1", False, {V1: []}, announced=[V1], candidates=cands, leaders={V1: "n1"})
+    assert out == {V1: REASON_YIELDED_ON_WIRE} and w.counts["yielded"] == 1
