@@ -17,10 +17,12 @@ yielded to is no longer a candidate here (unreachable, without quorum, drained, 
 ``CONTEST_HOLD`` seconds have passed (the election, computed alike on both sides, decides then:
 with quorum this node yields only to a candidate it ranks first, which the election then elects).
 
-Settling: a node that gains quorum back (not at start) takes nothing new for ``settle`` seconds
-(the daemon sets it to a few heartbeat timeouts): right after a partition heals its view of the
-others is stale (gossip still holds some of them dead), and a takeover from that view would take
-VIPs from members that are alive and about to be heard; its own VIPs it keeps meanwhile.
+Settling: a node that gains quorum back (not at start) takes over no VIP from a member it does not
+see alive for ``settle`` seconds (the daemon sets it to a few heartbeat timeouts): right after a
+partition heals its view of the others is stale (gossip still holds some of them dead), and a
+takeover from that view would take VIPs from members that are alive and about to be heard. What it
+keeps, and what a member it sees alive hands over to it (the election's planned moves: the old
+leader back), it takes at once.
 """
 
 from __future__ import annotations
@@ -78,8 +80,11 @@ class WireRule:
         return bool(self._pending)
 
     def hold_back(self, me: str, quorum: bool, final: Mapping[str, object], announced: Iterable[str],
-                  candidates: Mapping[str, list[str]], leaders: Mapping[str, str]) -> dict[str, str]:
-        """ip -> reason, for each VIP of ``final`` (what the election gives this node) not to announce now."""
+                  candidates: Mapping[str, list[str]], leaders: Mapping[str, str],
+                  handed: Iterable[str] = ()) -> dict[str, str]:
+        """ip -> reason, for each VIP of ``final`` (what the election gives this node) not to announce now.
+        ``handed``: the VIPs of ``final`` last led by a member this node sees alive, or by this node itself
+        (a planned move to it, or its own back): taken even while settling."""
         with self._lock:
             pending, self._pending = self._pending, []
         announced = set(announced)
@@ -88,7 +93,7 @@ class WireRule:
             self._quorum_since = now  # gained back (not the first time: at start): settle before taking
         self._had_quorum = quorum
         self._ever_quorum = self._ever_quorum or quorum
-        may_take = quorum and not self.settling(now)
+        settling = quorum and self.settling(now)
         # a contest kept with quorum is judged again while recent: the other side's announcement may have
         # come a moment before this node lost quorum (both follow the same cut), and its next round is a
         # gratuitous-ARP interval away
@@ -121,12 +126,15 @@ class WireRule:
             member, at = self.yielded[ip]
             if ip not in final:
                 del self.yielded[ip]  # the election moved it anyway
-            elif may_take and (member not in candidates.get(ip, ()) or now - at >= CONTEST_HOLD):
+            elif quorum and (member not in candidates.get(ip, ()) or now - at >= CONTEST_HOLD):
                 del self.yielded[ip]  # the election decides again, from a view with quorum
         out = {ip: REASON_YIELDED_ON_WIRE for ip in self.yielded if ip in final}
-        if not may_take:
-            why = REASON_SETTLING if quorum else REASON_NO_QUORUM
-            out.update((ip, why) for ip in final if ip not in announced and ip not in out)
+        if not quorum:
+            out.update((ip, REASON_NO_QUORUM) for ip in final if ip not in announced and ip not in out)
+        elif settling:
+            handed = set(handed)
+            out.update((ip, REASON_SETTLING) for ip in final if ip not in announced and ip not in out
+                       and ip not in handed)
         return out
 
     def settling(self, now: float | None = None) -> bool:

@@ -543,8 +543,10 @@ class L2Mode:
                     new_stale.add(i)  # decided again next time (rows are reused only unchanged)
                     changed.append(r)
         # when nodes disagree (l2/disagree.py): nothing new without quorum; what the wire made it yield
+        handed_over = {ip for ip in final if ip not in self._announced
+                       and (self._leaders.get(ip) in (None, me) or states.get(self._leaders[ip]) == "alive")}
         held_back = self.wire.hold_back(me, quorum, final, self._announced, candidates,
-                                        {r.ip: r.leader for r in rows if r.announcing and r.leader})
+                                        {r.ip: r.leader for r in rows if r.announcing and r.leader}, handed_over)
         if held_back:
             final = {ip: ifs for ip, ifs in final.items() if ip not in held_back}
             for i, r in enumerate(rows):

@@ -99,3 +99,15 @@ def test_a_contest_kept_with_quorum_is_judged_again_when_quorum_goes_a_moment_la
     assert w.counts["kept"] == 1
     out = w.hold_back("n1", False, {V1: []}, announced=[V1], candidates=cands, leaders={V1: "n1"})
     assert out == {V1: REASON_YIELDED_ON_WIRE} and w.counts["yielded"] == 1
+
+
+def test_while_settling_what_a_live_member_hands_over_is_taken_at_once():
+    """The old leader back after a heal: the interim owner (alive in its view) hands its VIP back; the
+    settling holds back only takeovers from members it does not see alive."""
+    w, _posted = rule()
+    w.settle = 5.0
+    final = {V1: [], V2: []}
+    w.hold_back("n1", True, final, announced=[], candidates={}, leaders={})
+    w.hold_back("n1", False, final, announced=[], candidates={}, leaders={})
+    out = w.hold_back("n1", True, final, announced=[], candidates={}, leaders={}, handed=[V1])
+    assert out == {V2: "quorumSettling"}
