@@ -21,8 +21,9 @@ The rule (docs/concepts.md, "When nodes disagree"):
    has quorum. Without quorum it keeps what it holds (it cannot tell its peers' death from its
    own isolation, and when every node is isolated, keeping is what leaves exactly one owner) and
    takes nothing new.
-3. **Peers without quorum are not candidates.** A member whose heartbeats say it has no quorum
-   is left out of the election by the others (as if unreachable): the majority elects a new owner
+3. **Peers without quorum are not candidates.** A member whose heartbeats have said for a few
+   heartbeat timeouts that it has no quorum is left out of the election by the others (as if
+   unreachable): the majority elects a new owner
    for its VIPs, the way it does for a member it stopped hearing.
 4. **The wire is the last word.** A node that sees another member's MAC announce a VIP it
    announces (a gratuitous ARP, an unsolicited NA) yields that VIP when it has no quorum, or when

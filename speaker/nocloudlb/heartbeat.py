@@ -128,6 +128,8 @@ MAX_PACKET = 2048  # the receiver reads at most this; encode never writes more, 
 _FIXED_MAX = len(MAGIC) + 2 + 255 + 1 + 255 + 24 + 1 + MAC_LEN
 #: rejected datagrams are logged once per reason per this many seconds (counted every time)
 REJECT_LOG_EVERY = 10.0
+#: heartbeat timeouts a member must keep saying it has no quorum before it is left out of the election
+NO_QUORUM_HOLD = 3
 _HEAD = struct.Struct("!QQII")  # boot, seq, suspicions, meta seq
 _TIMESPEC = struct.Struct("@qq")
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux: each datagram's arrival time (timespec)
@@ -365,6 +367,7 @@ class _Peer:
     missing_seen: dict[str, float] = field(default_factory=dict)  # names of its cut (partial) lists, when seen
     deaf: bool = True  # its latest datagram says it does not hear this node (F_DEAF); True until one says not
     no_quorum: bool = False  # its latest datagram says it has no quorum (F_NO_QUORUM)
+    no_quorum_since: float = 0.0  # since when its datagrams say so
 
 
 @dataclass(frozen=True)
@@ -723,6 +726,8 @@ class Heartbeat:
             p.suspects_me = pkt.suspect_you
             p.their_suspicions = pkt.suspicions
             if p.deaf != pkt.deaf or p.no_quorum != pkt.no_quorum:
+                if pkt.no_quorum and not p.no_quorum:
+                    p.no_quorum_since = now
                 p.deaf, p.no_quorum = pkt.deaf, pkt.no_quorum
                 self._dirty = True
             changed = False
@@ -787,7 +792,10 @@ class Heartbeat:
             connected = frozenset(n for n in heard if not live[n].deaf) | frozenset(
                 n for n, p in live.items() if not p.heard_once and p.gossip_state == "alive")
             deaf_to = frozenset(n for n in heard if live[n].deaf)
-            no_quorum = frozenset(n for n in heard if live[n].no_quorum)
+            # reported without quorum for NO_QUORUM_HOLD timeouts: a blip under loss (both links missing four
+            # datagrams at once) does not move its VIPs; a node really cut off, or deaf, is left out soon
+            hold = NO_QUORUM_HOLD * self.timeout
+            no_quorum = frozenset(n for n in heard if live[n].no_quorum and now - live[n].no_quorum_since >= hold)
             witness_up = bool(self._witness()) if self._witness is not None else False
             known = max(self._known, 1 + len(live))
             total = quorum_total(self._configured, known, self._witness is not None)
@@ -798,6 +806,7 @@ class Heartbeat:
                 live[n].my_suspicions += 1
             metas = {n: p.meta[1] for n, p in live.items() if p.meta is not None and p.meta[0] == p.meta_seq}
             ends = [p.heard + self.timeout for p in live.values() if p.heard_once and p.heard + self.timeout > now]
+            ends += [p.no_quorum_since + hold for p in live.values() if p.no_quorum and p.no_quorum_since + hold > now]
             self._deadline = min(ends) + 0.001 if ends else now + 1.0
         view = HeartbeatView(frozenset(suspected), frozenset(suspecters), cut_off, metas, quorum, connected,
                              no_quorum, deaf_to, votes, total)
