@@ -32,6 +32,11 @@ REASONS: dict[str, tuple[str, str]] = {
     "conflictCheck": ("checking", "elected; probing that no other MAC answers before announcing (RFC 5227)"),
     "ipConflict": ("conflict", "elected, but another MAC answers for the VIP: reported, never fought"),
     "l2Pending": ("checking", "elected; the layer-2 announcer has not taken the VIP yet"),
+    "suspectedByPeer": ("yielded", "the next node stopped hearing this one: it holds the VIP until it hears it again"),
+    "noQuorum": ("waiting", "not connected to a majority of the cluster: keeps what it holds, takes nothing new"),
+    "quorumSettling": ("waiting", "quorum just came back: a VIP from a member not seen alive waits a moment"),
+    "yieldedOnWire": ("yielded", "another member announced the VIP while this node had no quorum: it gave way"),
+    "stepFailed": ("nobody", "this VIP's part of the decision keeps failing (vipStepFailed in the log)"),
 }
 # Status at size (issue 10): past this many VIP rows, a plain ``status`` request answers with the summary
 # only (10,000 rows are 2.6 MB of JSON); ``"vips": "all"`` or a filter gives rows.
