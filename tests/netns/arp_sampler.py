@@ -65,8 +65,9 @@ def sample(iface: str, interval: float, window: float, vips: Sequence[str]) -> N
     mac = sock.getsockname()[4]
     src = _my_ipv4(iface)
     targets = {socket.inet_aton(ip): ip for ip in vips}
-    frames = [b"\xff" * 6 + mac + b"\x08\x06" + struct.pack("!HHBBH6s4s6s4s", 1, 0x0800, 6, 4, 1, mac, src,
-                                                             b"\x00" * 6, packed) for packed in targets]
+    frames = [b"\xff" * 6 + mac + b"\x08\x06"
+              + struct.pack("!HHBBH6s4s6s4s", 1, 0x0800, 6, 4, 1, mac, src, b"\x00" * 6, packed)
+              for packed in targets]
 
     def read(deadline: float, answers: dict[str, set[str]] | None) -> None:
         while True:

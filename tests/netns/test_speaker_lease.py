@@ -175,7 +175,7 @@ def test_frozen_daemons_responder_stops_answering_within_the_lease(make_segment,
     settled = sampler.between(t_settled, t_end)
     assert settled and all(s["m"] == [mac1] for s in settled), report
     assert longest(two_after) <= 1.0, report
-    stalls = [e for e in c.events(first, "l2LeaseStalled")]
-    renewed = [e for e in c.events(first, "l2LeaseRenewed")]
+    stalls = list(c.events(first, "l2LeaseStalled"))
+    renewed = list(c.events(first, "l2LeaseRenewed"))
     assert stalls and renewed, (stalls, renewed)
     assert os.path.exists(f"/proc/{child}")

@@ -40,6 +40,7 @@ class Lease:
         self._map = mmap.mmap(fd, _SIZE, mmap.MAP_SHARED,
                               mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0))
         self._cell = memoryview(self._map).cast("q")
+        self._closed = False
 
     @classmethod
     def create(cls) -> Lease:
@@ -99,10 +100,11 @@ class Lease:
         return max(0.0, (deadline - time.monotonic_ns()) / 1e9)
 
     def close(self) -> None:
-        if self._map.closed:
+        if self._closed:
             return
         self._cell.release()
         self._map.close()
+        self._closed = True
         if self.writable:
             try:
                 os.close(self.fd)

@@ -279,7 +279,7 @@ def test_steady_renewal_wakes_every_third_of_the_lease_while_addresses_are_held(
     renew.held = 4
     sleep, event = ren.step(t, renew)
     assert event is None and sleep == pytest.approx(0.1)
-    for _ in range(5):
+    for _pass in range(5):
         t += 250 * MS  # a pass of 150 ms after a 100 ms wait: still within the lease
         assert ren.step(t, renew) == (pytest.approx(0.1), None)
     assert [s for s, _t in renew.calls] == [0.3] * 7 and renew.calls[-1][1] == t  # counted from the check

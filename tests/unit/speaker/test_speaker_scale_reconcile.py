@@ -146,8 +146,8 @@ def test_each_config_in_use_is_collected_once_then_frozen(harness, monkeypatch):
         gc.unfreeze()
 
 
-def test_a_failing_group_of_vips_keeps_what_it_announced_then_withdraws_and_spares_the_others(tmp_path,
-                                                                                             monkeypatch):
+def test_a_failing_group_of_vips_keeps_what_it_announced_then_withdraws_and_spares_the_others(
+        tmp_path, monkeypatch):
     """A group of VIPs whose part of the apply raises (here the runner-up lookup the suspecters rule makes)
     keeps what this node announced of it for GROUP_FAIL_BOUND s, then withdraws it (reason stepFailed);
     every other group is decided as before; the group is decided normally once the step works again."""
