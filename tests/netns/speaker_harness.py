@@ -258,26 +258,38 @@ def start_slow_http(c: SpeakerCluster, port: int = 8090) -> None:
         c.seg.popen(c.host(name).ns, [sys.executable, "-u", "-c", SLOW_HTTP.replace("8090", str(port)), name])
 
 
-class HttpPoller:
-    """GET ``url`` from the client back to back for ``seconds``; ``samples`` has each answer or error."""
+class ClientLines:
+    """A program in the client's namespace that prints one JSON object a line; a thread reads them into
+    ``samples`` (those ``keep`` accepts). ``stop()`` kills it by PID."""
 
-    def __init__(self, seg: Segment, url: str, seconds: float) -> None:
-        self.proc = seg.popen(seg.client.ns, [sys.executable, "-u", "-c", POLL_HTTP, url, str(seconds)])
+    def __init__(self, seg: Segment, argv: list[str], keep: Callable[[dict], bool] = lambda rec: True,
+                 **popen: Any) -> None:
+        self.proc = seg.popen(seg.client.ns, argv, **popen)
         self.samples: list[dict] = []
+        self._keep = keep
         self.thread = threading.Thread(target=self._read, daemon=True)
         self.thread.start()
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
-            self.samples.append(json.loads(line))
-
-    def served_by(self, node: str, since: float, streak: int = 3) -> bool:
-        return sum(1 for s in list(self.samples) if s["t"] > since and s["ok"] and s["body"] == node) >= streak
+            rec = json.loads(line)
+            if self._keep(rec):
+                self.samples.append(rec)
 
     def stop(self) -> None:
         Segment.kill(self.proc)
         self.thread.join(timeout=5)
+
+
+class HttpPoller(ClientLines):
+    """GET ``url`` from the client back to back for ``seconds``; ``samples`` has each answer or error."""
+
+    def __init__(self, seg: Segment, url: str, seconds: float) -> None:
+        super().__init__(seg, [sys.executable, "-u", "-c", POLL_HTTP, url, str(seconds)])
+
+    def served_by(self, node: str, since: float, streak: int = 3) -> bool:
+        return sum(1 for s in list(self.samples) if s["t"] > since and s["ok"] and s["body"] == node) >= streak
 
     @property
     def failed(self) -> list[dict]:

@@ -16,7 +16,8 @@ import time
 
 import pytest
 from netns import L2Agent
-from test_l2_wire import VIP4, VIP6, hold_vips_on_lo, who_has_many
+from test_l2_responder import _answered_by, _wait  # the responder tests' own helpers
+from test_l2_wire import VIP4, VIP6, hold_vips_on_lo
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -31,20 +32,6 @@ def lab(make_segment):
     seg = make_segment(hosts=1)
     hold_vips_on_lo(seg, seg.hosts[0].ns, [VIP4, VIP6])
     return seg
-
-
-def _wait(agent: L2Agent, pred, timeout: float = 15.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        st = agent.stats()
-        if pred(st):
-            return st
-        assert time.monotonic() < deadline, st["responder"]
-        time.sleep(0.05)
-
-
-def _answered_by(seg, ips: list[str]) -> dict[str, list[str]]:
-    return {ip: sorted(macs) for ip, macs in who_has_many(seg, ips, count=2, wait=0.3).items()}
 
 
 def test_the_child_answers_only_while_the_lease_holds(lab):

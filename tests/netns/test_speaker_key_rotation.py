@@ -16,17 +16,15 @@ and a suspicion of the node, is refused (``rejectedAuth`` grows) and changes not
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 from nocloudlb.membership import generate_key
-from speaker_harness import SpeakerCluster, pool_docs, service_doc, spread_vips
+from speaker_harness import ClientLines, SpeakerCluster, pool_docs, service_doc, spread_vips
 
 pytestmark = pytest.mark.timeout(240)
 NODES = ["n1", "n2", "n3"]
@@ -39,7 +37,7 @@ def netns_prefix() -> str:
     return "nky"
 
 
-class Sampler:
+class Sampler(ClientLines):
     """tests/chaos/prober.py in the client: every MAC answering each VIP, every 100 ms (its HTTP side
     fetches the discard port and is ignored)."""
 
@@ -47,19 +45,10 @@ class Sampler:
         self.stop_file = c.dir / "prober.stop"
         args = [sys.executable, "-u", str(PROBER), "eth0", "0.1", str(time.time() + seconds), str(self.stop_file),
                 *[f"{ip}=9" for ip in vips]]
-        self.proc = c.seg.popen(c.seg.client.ns, args, stderr=subprocess.DEVNULL)
-        self.rounds: list[dict] = []
-        self.thread = threading.Thread(target=self._read, daemon=True)
-        self.thread.start()
+        super().__init__(c.seg, args, keep=lambda rec: rec.get("k") == "arp", stderr=subprocess.DEVNULL)
+        self.rounds = self.samples
 
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            rec = json.loads(line)
-            if rec.get("k") == "arp":
-                self.rounds.append(rec)
-
-    def stop(self) -> list[dict]:
+    def stop(self) -> list[dict]:  # type: ignore[override]  # the prober ends at its stop file, not by a kill
         self.stop_file.write_text("")
         self.proc.wait(timeout=10)
         self.thread.join(timeout=5)

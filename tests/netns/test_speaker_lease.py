@@ -22,13 +22,12 @@ import json
 import os
 import signal
 import sys
-import threading
 import time
 
 import pytest
 from netns import Segment
 from nocloudlb.core.election import election_order
-from speaker_harness import SpeakerCluster, pool_docs, service_doc, spread_vips
+from speaker_harness import ClientLines, SpeakerCluster, pool_docs, service_doc, spread_vips
 
 pytestmark = pytest.mark.timeout(120)
 NODES = ["n1", "n2", "n3"]
@@ -63,23 +62,11 @@ with Prober("eth0") as p:
 """
 
 
-class Sampler:
+class Sampler(ClientLines):
     """Who answers ARP for ``ip`` at the client, every ``period`` s: samples of {t, m: [mac, ...]}."""
 
     def __init__(self, seg: Segment, ip: str, seconds: float, period: float = PERIOD) -> None:
-        self.proc = seg.popen(seg.client.ns, [sys.executable, "-u", "-c", SAMPLER, ip, str(period), str(seconds)])
-        self.samples: list[dict] = []
-        self.thread = threading.Thread(target=self._read, daemon=True)
-        self.thread.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.samples.append(json.loads(line))
-
-    def stop(self) -> None:
-        Segment.kill(self.proc)
-        self.thread.join(timeout=5)
+        super().__init__(seg, [sys.executable, "-u", "-c", SAMPLER, ip, str(period), str(seconds)])
 
     def between(self, t0: float, t1: float) -> list[dict]:
         return [s for s in list(self.samples) if t0 <= s["t"] < t1]

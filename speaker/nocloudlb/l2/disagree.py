@@ -81,10 +81,10 @@ class WireRule:
 
     def hold_back(self, me: str, quorum: bool, final: Mapping[str, object], announced: Iterable[str],
                   candidates: Mapping[str, list[str]], leaders: Mapping[str, str],
-                  handed: Iterable[str] = ()) -> dict[str, str]:
+                  handed: Callable[[], Iterable[str]] = tuple) -> dict[str, str]:
         """ip -> reason, for each VIP of ``final`` (what the election gives this node) not to announce now.
-        ``handed``: the VIPs of ``final`` last led by a member this node sees alive, or by this node itself
-        (a planned move to it, or its own back): taken even while settling."""
+        ``handed()``: the VIPs of ``final`` last led by a member this node sees alive, or by this node itself
+        (a planned move to it, or its own back): taken even while settling (called only then)."""
         with self._lock:
             pending, self._pending = self._pending, []
         announced = set(announced)
@@ -132,9 +132,9 @@ class WireRule:
         if not quorum:
             out.update((ip, REASON_NO_QUORUM) for ip in final if ip not in announced and ip not in out)
         elif settling:
-            handed = set(handed)
+            given = set(handed())
             out.update((ip, REASON_SETTLING) for ip in final if ip not in announced and ip not in out
-                       and ip not in handed)
+                       and ip not in given)
         return out
 
     def settling(self, now: float | None = None) -> bool:

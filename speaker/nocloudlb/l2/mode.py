@@ -542,9 +542,12 @@ class L2Mode:
                     r.announcing, r.reason = False, "arpSysctlUnsafe"
                     new_stale.add(i)  # decided again next time (rows are reused only unchanged)
                     changed.append(r)
+
         # when nodes disagree (l2/disagree.py): nothing new without quorum; what the wire made it yield
-        handed_over = {ip for ip in final if ip not in self._announced
-                       and (self._leaders.get(ip) in (None, me) or states.get(self._leaders[ip]) == "alive")}
+        def handed_over() -> set[str]:  # asked for only while settling (a pass over every VIP)
+            return {ip for ip in final if ip not in self._announced
+                    and (self._leaders.get(ip) in (None, me) or states.get(self._leaders[ip]) == "alive")}
+
         held_back = self.wire.hold_back(me, quorum, final, self._announced, candidates,
                                         {r.ip: r.leader for r in rows if r.announcing and r.leader}, handed_over)
         if held_back:

@@ -109,5 +109,5 @@ def test_while_settling_what_a_live_member_hands_over_is_taken_at_once():
     final = {V1: [], V2: []}
     w.hold_back("n1", True, final, announced=[], candidates={}, leaders={})
     w.hold_back("n1", False, final, announced=[], candidates={}, leaders={})
-    out = w.hold_back("n1", True, final, announced=[], candidates={}, leaders={}, handed=[V1])
+    out = w.hold_back("n1", True, final, announced=[], candidates={}, leaders={}, handed=lambda: [V1])
     assert out == {V2: "quorumSettling"}
