@@ -143,6 +143,15 @@ class FrrControl:
             vty.ask("end")
         return out
 
+    def exec_vty(self, command: str, daemon: str = "bgpd", timeout: float = 2.0) -> str:
+        """One privileged command (``enable`` first: ``clear bgp ...``) on ``daemon``'s vty socket."""
+        with VtySession(self.path(os.path.join(self.rundir, daemon + ".vty")), daemon, timeout) as vty:
+            for line in ("enable", command):
+                status, text = vty.ask(line)
+                if status != 0:
+                    raise FrrError(f"{daemon}: {line!r} failed (status {status}): {text}")
+        return text
+
     def query_json(self, command: str, daemon: str = "bgpd", timeout: float = 1.0) -> Any:
         text = self.query(command, daemon, timeout)
         try:

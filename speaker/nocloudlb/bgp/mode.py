@@ -38,16 +38,18 @@ import threading
 import time
 from typing import Any
 
-from prometheus_client import REGISTRY, CollectorRegistry, Gauge
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
 
 from nocloudlb.core.bgp import BgpDecision, bgp_decision
 from nocloudlb.core.election import NodeView
 from nocloudlb.core.schema import BGPPeer, Config
 
 from .. import logs
+from ..backoff import Backoff, backoff_metrics
 from .flows import DEFAULT_RATE, OFF_LABEL, FlowHandover
 from .frr import FrrControl, FrrError
-from .render import Rendered, redact, render
+from .reconcile import Diff, PeerView, Reconciler, advertised_command, advertised_prefixes
+from .render import Rendered, forwarding_needed, peer_families, peer_wants, redact, render, strip_networks
 
 log = logging.getLogger("nocloudlb.bgp")
 
@@ -61,10 +63,10 @@ WATCH_RULES = f"""table inet {WATCH_TABLE} {{
 }}
 """
 
-_metrics: dict[int, dict[str, Gauge]] = {}
+_metrics: dict[int, dict[str, Any]] = {}
 
 
-def bgp_metrics(registry: CollectorRegistry | None = REGISTRY) -> dict[str, Gauge]:
+def bgp_metrics(registry: CollectorRegistry | None = REGISTRY) -> dict[str, Any]:
     """MetalLB's BGP metrics under our prefix, registered once per registry."""
     key = id(registry)
     if key not in _metrics:
@@ -79,6 +81,8 @@ def bgp_metrics(registry: CollectorRegistry | None = REGISTRY) -> dict[str, Gaug
                                  "not (0, the node's BFD is blocked)", registry=registry),
             "reload_failures": Gauge("nocloudlb_bgp_reload_failures", "Consecutive failed FRR reloads",
                                      registry=registry),
+            "repairs": Counter("nocloudlb_bgp_reconcile_repairs", "Differences found between what bgpd "
+                               "advertised to a peer and the decision, and repaired", ["peer"], registry=registry),
         }
     return _metrics[key]
 
@@ -122,8 +126,17 @@ class BgpMode:
         self._good_path = ""
         self._withdrawn = False  # withdraw_all in force until the next apply
         self._reload_error = ""
-        self._failures = 0
-        self._next_retry = 0.0
+        # every tool that can fail backs off (exponential, jitter, ceiling): frr-reload (and its
+        # --test) from ``retry`` seconds, withdrawals (vty socket, then vtysh) from 0.5 s
+        self.reload_backoff = Backoff("frr-reload", base=retry, ceiling=max(retry, 30.0))
+        self.withdraw_backoff = Backoff("vtysh", base=0.5, ceiling=10.0)
+        collector = backoff_metrics(registry)
+        collector.add(self.reload_backoff)
+        collector.add(self.withdraw_backoff)
+        self._disk: str | None = None  # what this mode last wrote to frr.conf
+        self._changed_at = 0.0  # the last reload or withdrawal (the reconcile looks closely after it)
+        self.reconciler = Reconciler(self._advertised, self._repair)
+        self.reconcile_interval = (0.5, 2.0)  # seconds between checks: for 10 s after a change, then
         self._reloads = 0
         self._last_reload_at = 0.0
         self._last_reload_seconds = 0.0
@@ -141,14 +154,21 @@ class BgpMode:
     def start(self) -> None:
         self._forwarding = self.frr.forwarding()
         self._unblock(force=True)  # a table a crashed speaker left behind
-        for target, name in ((self._work, "bgp-reload"), (self._watch, "bgp-watch"), (self._flows, "bgp-flows")):
+        for target, name in ((self._work, "bgp-reload"), (self._watch, "bgp-watch"), (self._flows, "bgp-flows"),
+                             (self._reconcile, "bgp-reconcile")):
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
             self._threads.append(t)
 
+    def _switches(self, parsed: Config) -> tuple[bool, bool]:
+        """The forwarding lines to render: on where the node has it on or the data plane needs it."""
+        live = self._forwarding or (True, True)
+        need = forwarding_needed(parsed)
+        return live[0] or need[0], live[1] or need[1]
+
     def apply(self, me: str, nodes: list[NodeView], parsed: Config) -> None:
         decision = bgp_decision(me, nodes, parsed)
-        rendered = render(me, decision, parsed, self._forwarding or (True, True))
+        rendered = render(me, decision, parsed, self._switches(parsed))
         mine = next((n for n in nodes if n.name == me), None)
         with self._cond:
             self._decision, self._config = decision, parsed
@@ -166,7 +186,7 @@ class BgpMode:
             self._withdrawn = True
             decision = BgpDecision(peers=self._decision.peers, routes={p.name: [] for p in self._decision.peers})
             if self._config is not None:
-                self._desired = render(self.node, decision, self._config, self._forwarding or (True, True))
+                self._desired = render(self.node, decision, self._config, self._switches(self._config))
                 self._desired_at = time.monotonic()
             self._cond.notify_all()
         self._withdraw(None)
@@ -220,8 +240,10 @@ class BgpMode:
                 "flowHandover": self.flows.status(),
                 "frr": {"healthy": self._healthy, "error": self._watch_error, "bfdBlocked": self._blocked},
                 "config": {"applied": self._applied is not None, "pending": pending, "error": self._reload_error,
-                           "failures": self._failures, "reloads": self._reloads,
-                           "lastReloadSeconds": round(self._last_reload_seconds, 3)},
+                           "failures": self.reload_backoff.failures, "reloads": self._reloads,
+                           "lastReloadSeconds": round(self._last_reload_seconds, 3),
+                           "reload": self.reload_backoff.state(), "withdraw": self.withdraw_backoff.state()},
+                "reconcile": self.reconciler.status(),
             }
 
     def close(self) -> None:
@@ -263,6 +285,73 @@ class BgpMode:
                 logs.event(log, "bgpFlowHandoverFailed", str(exc)[:500], logging.ERROR)
             next_at = time.monotonic() + self.flow_interval
 
+    # -- reconcile: what bgpd advertised to each peer against the decision (reconcile.py) ------
+    def _reconcile(self) -> None:
+        next_at = time.monotonic()
+        while True:
+            with self._cond:
+                fast = time.monotonic() - self._changed_at < 10.0
+                next_at = max(next_at + self.reconcile_interval[0 if fast else 1], time.monotonic())
+                while not self._stop and time.monotonic() < next_at:
+                    self._cond.wait(next_at - time.monotonic())
+                if self._stop:
+                    return
+                views = self._reconcile_views()
+            if not views:
+                continue
+            try:
+                self.reconciler.check(views)
+            except FrrError as exc:
+                log.debug("reconcile: bgpd did not tell: %s", exc)
+            except Exception as exc:  # noqa: BLE001 - one failure never stops the thread
+                logs.event(log, "bgpReconcileFailed", str(exc)[:500], logging.ERROR)
+
+    def _reconcile_views(self) -> list[PeerView]:
+        """The peers and families to check now (the caller holds the condition): none while a change
+        is on its way, a tool backs off or bgpd does not answer; only Established sessions."""
+        if (self._healthy is not True or self._desired is None or self._applied is None
+                or self._desired.text != self._applied.text or _any(_minus(self._announced, self._desired.networks))
+                or _any(_minus(self._desired.networks, self._announced))
+                or self.reload_backoff.backing_off or self.withdraw_backoff.backing_off):
+            return []
+        wants = peer_wants(self._decision)
+        views = []
+        for p in self._decision.peers:
+            if self._sessions.get(p.name, {}).get("state") != "Established":
+                continue
+            nets = self._announced.get((p.vrf, p.my_asn), {})
+            for fam in peer_families(p):
+                want = frozenset() if self._withdrawn else frozenset(wants.get(p.name, {}).get(fam, ()))
+                views.append(PeerView(p.name, p.address or p.interface, p.vrf, p.my_asn, fam, want,
+                                      frozenset(nets.get(fam, ()))))
+        return views
+
+    def _advertised(self, view: PeerView) -> set[str]:
+        return advertised_prefixes(self.frr.query_json(advertised_command(view), timeout=2.0))
+
+    def _repair(self, view: PeerView, step: int, found: Diff) -> None:
+        """Repair a difference the reconciler confirmed (the steps: reconcile.py)."""
+        self.metrics["repairs"].labels(view.name).inc()
+        logs.event(log, "bgpReconcileRepair", "bgpd's advertisements to a peer differ from the decision",
+                   logging.WARNING, peer=view.name, address=view.address, family=view.family, step=step,
+                   **found.as_dict())
+        if found.missing:
+            with self._cond:
+                self._applied = None  # frr-reload puts back any network bgpd lacks
+                self._cond.notify_all()
+        vrf = f" vrf {view.vrf}" if view.vrf else ""
+        lonely = sorted(found.extra - view.networks)
+        with self._frr_lock:
+            if step == 1 and lonely:
+                lines = [f"router bgp {view.asn}{vrf}", f"address-family {view.family} unicast"]
+                for prefix in lonely:
+                    lines += [f"network {prefix}", f"no network {prefix}"]
+                self.frr.configure_vty(lines + ["exit-address-family", "exit"])
+                if not (found.missing or found.extra & view.networks):
+                    return
+            hard = step >= 3
+            self.frr.exec_vty(f"clear bgp{vrf} {view.address}" + ("" if hard else " soft out"))
+
     # -- worker: withdrawals now, the rest through frr-reload --------------------------------
     def rendered(self) -> Rendered | None:
         """The config FRR runs (last good), for tests and status."""
@@ -292,8 +381,10 @@ class BgpMode:
             assert desired is not None
             self._withdraw(desired.networks)
             with self._cond:
+                if not self._reload_due():
+                    continue
                 wait = self._desired_at + self.debounce - time.monotonic()
-                if wait > 0 and self._failures == 0 and not self._stop:
+                if wait > 0 and not self.reload_backoff.backing_off and not self._stop:
                     self._cond.wait(wait)  # debounce: later changes join this reload
                     continue
                 desired = self._desired
@@ -305,21 +396,29 @@ class BgpMode:
                            error=redact(str(exc), desired.secrets))
 
     def _due(self) -> bool:
-        if self._desired is None:
+        return self._withdraw_due() or self._reload_due()
+
+    def _withdraw_due(self) -> bool:
+        """Networks FRR has that the desired config dropped: now (never debounced), unless the
+        last withdrawal failed and its back-off has not run out."""
+        return (self._desired is not None and _any(_minus(self._announced, self._desired.networks))
+                and self.withdraw_backoff.ready())
+
+    def _reload_due(self) -> bool:
+        if self._desired is None or not self.reload_backoff.ready():
             return False
         if self._applied is not None and self._desired.text == self._applied.text:
             # the same config, but networks withdrawn by vtysh since its reload (a drain undone
             # before the drained config was reloaded) must be announced again: reload it
-            return _any(_minus(self._desired.networks, self._announced)) and (
-                self._failures == 0 or time.monotonic() >= self._next_retry)
-        if _any(_minus(self._announced, self._desired.networks)):
-            return True  # withdrawals never wait
-        return self._failures == 0 or time.monotonic() >= self._next_retry
+            return _any(_minus(self._desired.networks, self._announced))
+        return True
 
     def _wait_time(self) -> float:
-        if self._failures and self._desired is not None:
-            return max(0.05, self._next_retry - time.monotonic())
-        return 1.0
+        waits = [1.0]
+        for b in (self.reload_backoff, self.withdraw_backoff):
+            if b.backing_off:
+                waits.append(b.remaining())
+        return max(0.05, min(waits))
 
     def _withdraw(self, target: dict[tuple[str, int], dict[str, list[str]]] | None) -> None:
         """Remove now every network FRR has that ``target`` lacks (None: all): through bgpd's vty
@@ -331,6 +430,7 @@ class BgpMode:
                 return
             t0 = time.monotonic()
             started = time.time()
+            self._write_disk_without(gone)  # first: a bgpd that starts now reads the withdrawal
             via = "vty"
             left = gone
             if self.vty_withdraw:
@@ -343,12 +443,15 @@ class BgpMode:
                 via = "vtysh" if left is gone else "vty+vtysh"
                 failed = self._withdraw_vtysh(left)
                 if failed:
+                    wait = self.withdraw_backoff.failed(failed[0])
                     logs.event(log, "bgpWithdrawFailed", "vtysh could not remove the networks", logging.ERROR,
-                               failed=failed[:20])
+                               failed=failed[:20], retryIn=round(wait, 3), failures=self.withdraw_backoff.failures)
                     return
+            self.withdraw_backoff.succeeded()
             sent = time.time()
             with self._cond:
                 self._announced = _minus(self._announced, gone)
+                self._changed_at = time.monotonic()
                 self.last_withdraw = {"at": started, "sent": sent, "seconds": round(time.monotonic() - t0, 4),
                                       "via": via, "prefixes": sum(len(ps) for fams in gone.values()
                                                                   for ps in fams.values())}
@@ -392,10 +495,13 @@ class BgpMode:
         except FrrError:
             # vtysh stops at the first line it refuses (a network FRR no longer has): remove the
             # others one by one, so that one stale prefix never keeps the rest announced
-            failed = []
+            failed: list[str] = []
             for key, fams in gone.items():
                 for family, prefixes in fams.items():
                     for prefix in prefixes:
+                        if failed and "% " not in failed[-1]:
+                            failed.append(f"{prefix}: not tried (vtysh cannot reach bgpd)")
+                            continue  # one vtysh run per prefix only while bgpd answers
                         try:
                             self.frr.configure(_router_lines(key, family, [prefix]), timeout=5.0)
                         except FrrError as one:
@@ -406,70 +512,107 @@ class BgpMode:
 
     def _reload(self, desired: Rendered) -> None:
         t0 = time.monotonic()
+        desired = self._with_live_switches(desired)
         staged = self.frr.staged()
-        tested = False
         try:
             # --test only reads FRR's running config: outside the lock, so a withdrawal waits at
             # most for the --reload itself (only this thread writes the staged file)
             self.frr.write(desired.text, staged)
             self.frr.test(staged)
-            tested = True
             with self._frr_lock:
                 with self._cond:
                     newest = self._desired
                 if newest is not desired and newest is not None and _any(_minus(desired.networks, newest.networks)):
                     return  # a newer config withdraws some of these (drain, withdraw_all): never re-announce them
-                self.frr.reload(staged)
+                # frr.conf is the decision before bgpd hears it: a bgpd (re)start reads the same
+                self._write_disk(desired.text)
+                try:
+                    self.frr.reload(staged)
+                except FrrError:
+                    with self._cond:  # FRR may hold part of it: the next round withdraws what it must
+                        self._announced = _union(self._announced, desired.networks)
+                    raise
                 with self._cond:  # before the lock goes: a withdrawal waiting for it sees these networks
                     self._announced = desired.networks
         except (FrrError, OSError) as exc:
+            error = redact(str(exc), desired.secrets)
+            wait = self.reload_backoff.failed(error)
             with self._cond:
-                self._failures += 1
-                self._reload_error = redact(str(exc), desired.secrets)
-                self._next_retry = time.monotonic() + self.retry
-                good = self._applied
-            self.metrics["reload_failures"].set(self._failures)
-            logs.event(log, "frrReloadFailed", "the new FRR config is refused; the last good one stays in force",
-                       logging.ERROR, error=self._reload_error, failures=self._failures, retryIn=self.retry)
-            if good is not None and tested:
-                self._restore(good)  # then the loop withdraws at once what the desired config dropped
+                self._reload_error = error
+                self._cond.notify_all()  # what FRR may have taken of it and the decision dropped: withdraw now
+            self.metrics["reload_failures"].set(self.reload_backoff.failures)
+            # no going back to the last good file: it would announce again what this config withdrew
+            logs.event(log, "frrReloadFailed", "the new FRR config is refused; FRR keeps what it runs, withdrawals "
+                       "still go to bgpd at once", logging.ERROR, error=error,
+                       failures=self.reload_backoff.failures, retryIn=round(wait, 3))
             return
-        try:
-            self.frr.write(desired.text)  # frr.conf: what FRR reads when it (re)starts
-        except OSError as exc:
-            logs.event(log, "frrConfWriteFailed", str(exc), logging.ERROR)
         seconds = time.monotonic() - t0
+        self.reload_backoff.succeeded()
         with self._cond:
-            recovered = self._failures > 0
+            recovered = self._reload_error != ""
             self._applied = desired
-            self._failures = 0
             self._reload_error = ""
             self._reloads += 1
             self._last_reload_at = time.time()
             self._last_reload_seconds = seconds
+            self._changed_at = time.monotonic()
             self._cond.notify_all()
         self.metrics["reload_failures"].set(0)
         logs.event(log, "frrReloaded", node=self.node, seconds=round(seconds, 3), recovered=recovered,
                    prefixes=sorted({p for fams in desired.networks.values() for ps in fams.values() for p in ps}))
 
-    def _restore(self, good: Rendered) -> None:
-        """After a failed --reload FRR may hold part of the new config: put the last good one back."""
+    def _with_live_switches(self, desired: Rendered) -> Rendered:
+        """``desired`` rendered again if the forwarding switches changed since it was rendered (the
+        data plane turned forwarding on): a reload never sets them back."""
         try:
-            with self._frr_lock:
-                self.frr.reload(self.frr.conf)
-                with self._cond:
-                    self._announced = good.networks
+            live = self.frr.forwarding()
         except FrrError as exc:
-            logs.event(log, "frrRestoreFailed", "", logging.ERROR, error=redact(str(exc), good.secrets))
+            logs.event(log, "forwardingUnreadable", str(exc), logging.WARNING)
+            return desired
+        with self._cond:
+            if live == self._forwarding or self._config is None or desired is not self._desired:
+                self._forwarding = live
+                return desired
+            self._forwarding = live
+            decision = self._decision
+            if self._withdrawn:
+                decision = BgpDecision(peers=decision.peers, routes={p.name: [] for p in decision.peers})
+            again = render(self.node, decision, self._config, self._switches(self._config))
+            if again.networks != desired.networks:
+                return desired  # never announce through a re-render what the decision has not
+            self._desired = again
+            return again
+
+    def _write_disk(self, text: str) -> None:
+        try:
+            self.frr.write(text)  # frr.conf: what FRR reads when it (re)starts
+            self._disk = text
+        except OSError as exc:
+            logs.event(log, "frrConfWriteFailed", str(exc), logging.ERROR)
+
+    def _write_disk_without(self, gone: dict[tuple[str, int], dict[str, list[str]]]) -> None:
+        """frr.conf without the ``network`` lines of ``gone`` (the caller holds ``_frr_lock``)."""
+        base = self._disk if self._disk is not None else (self._applied.text if self._applied else None)
+        if base is None:
+            try:
+                with open(self.frr.path(self.frr.conf), encoding="utf-8") as fh:
+                    base = fh.read()
+            except OSError:
+                return
+        text = strip_networks(base, gone)
+        if text != base:
+            self._write_disk(text)
 
     # -- watch: sessions, and bgpd's health -------------------------------------------------
     def _watch(self) -> None:
         ticks = 0
+        next_at = time.monotonic()
         while True:
+            # a fixed pace, whatever wakes the condition (every change notifies it)
+            next_at = max(next_at + self.watch_interval, time.monotonic())
             with self._cond:
-                if self._stop:
-                    return
-                self._cond.wait(self.watch_interval)
+                while not self._stop and time.monotonic() < next_at:
+                    self._cond.wait(next_at - time.monotonic())
                 if self._stop:
                     return
             try:
@@ -488,7 +631,12 @@ class BgpMode:
         self._watch_error = ""
         if self._healthy is not True:
             if self._healthy is False:
-                logs.event(log, "frrHealthy", "bgpd answers again: BFD restored")
+                logs.event(log, "frrHealthy", "bgpd answers again: BFD restored, its config checked now")
+                self.reload_backoff.succeeded()
+                self.withdraw_backoff.succeeded()
+                with self._cond:
+                    self._applied = None  # a bgpd that restarted: frr-reload puts back what it lacks
+                    self._cond.notify_all()
             self._healthy = True
             self.metrics["frr_healthy"].set(1)
             self._unblock()
@@ -578,6 +726,17 @@ def _minus(a: dict[tuple[str, int], dict[str, list[str]]],
         for fam, ps in fams.items():
             keep = set(other.get(fam, ()))  # once per family: linear in the number of prefixes
             out[key][fam] = [p for p in ps if p not in keep]
+    return out
+
+
+def _union(a: dict[tuple[str, int], dict[str, list[str]]],
+           b: dict[tuple[str, int], dict[str, list[str]]]) -> dict[tuple[str, int], dict[str, list[str]]]:
+    out: dict[tuple[str, int], dict[str, list[str]]] = {}
+    for nets in (a, b):
+        for key, fams in nets.items():
+            for fam, ps in fams.items():
+                have = out.setdefault(key, {}).setdefault(fam, [])
+                have.extend(p for p in ps if p not in have)
     return out
 
 

@@ -204,15 +204,66 @@ def _family(route: Route) -> str:
     return "ipv4" if route.version == 4 else "ipv6"
 
 
+def peer_families(peer: BGPPeer) -> list[str]:
+    """The address families a peer's session carries ("ipv4", "ipv6")."""
+    if peer.interface or peer.dual_stack_address_family:
+        return ["ipv4", "ipv6"]
+    return ["ipv4" if ipaddress.ip_address(peer.address).version == 4 else "ipv6"]
+
+
+def peer_wants(decision: BgpDecision) -> dict[str, dict[str, set[str]]]:
+    """Peer name -> family -> the prefixes the decision gives that peer (what its route-map lets out)."""
+    out: dict[str, dict[str, set[str]]] = {}
+    for peer in decision.peers:
+        fams = peer_families(peer)
+        out[peer.name] = {fam: set() for fam in fams}
+        for rt in decision.routes.get(peer.name, []):
+            if _family(rt) in fams:
+                out[peer.name][_family(rt)].add(rt.prefix)
+    return out
+
+
+def forwarding_needed(config: Config) -> tuple[bool, bool]:
+    """IPv4 and IPv6 forwarding that the data plane needs (NAT and full-NAT route what they rewrite):
+    rendered as on, so that a reload that runs before the data plane switched it on never turns it off."""
+    v4 = v6 = False
+    for b in (getattr(config, "backends", None) or {}).values():
+        if getattr(b, "method", "") in ("nat", "fullnat"):
+            versions = {getattr(s, "version", 4) for s in getattr(b, "servers", [])}
+            v4, v6 = v4 or 4 in versions, v6 or 6 in versions
+    return v4, v6
+
+
+_ROUTER_LINE = re.compile(r"^router bgp (\d+)(?: vrf (\S+))?\s*$")
+_AF_LINE = re.compile(r"^\s*address-family (ipv4|ipv6) unicast\s*$")
+_NETWORK_LINE = re.compile(r"^\s*network (\S+)\s*$")
+
+
+def strip_networks(text: str, gone: dict[tuple[str, int], dict[str, list[str]]]) -> str:
+    """``text`` (a frr.conf) without the ``network`` lines of ``gone`` (router key -> family ->
+    prefixes), each removed only under its own ``router bgp ASN [vrf V]`` and address family."""
+    out = []
+    key: tuple[str, int] | None = None
+    fam = ""
+    for line in text.splitlines(keepends=True):
+        m = _ROUTER_LINE.match(line)
+        if m:
+            key, fam = (m.group(2) or "", int(m.group(1))), ""
+        elif line.startswith(("exit", "!")) and not line.startswith(" "):
+            key, fam = (None, "") if line.startswith("exit") else (key, fam)
+        elif (a := _AF_LINE.match(line)) is not None:
+            fam = a.group(1)
+        elif line.strip() == "exit-address-family":
+            fam = ""
+        elif (n := _NETWORK_LINE.match(line)) is not None and key is not None and fam:
+            if n.group(1) in gone.get(key, {}).get(fam, ()):
+                continue
+        out.append(line)
+    return "".join(out)
+
+
 def _neighbor(peer: BGPPeer, profiles: dict[str, BFDProfile]) -> dict[str, Any]:
-    families = set()
-    if peer.interface:
-        families = {"ipv4", "ipv6"}
-    else:
-        version = ipaddress.ip_address(peer.address).version
-        families.add("ipv4" if version == 4 else "ipv6")
-        if peer.dual_stack_address_family:
-            families = {"ipv4", "ipv6"}
+    families = set(peer_families(peer))
     timers = None
     if peer.hold_time is not None and peer.keepalive_time is not None:
         timers = (int(peer.keepalive_time), int(peer.hold_time))
