@@ -161,6 +161,7 @@ def header(st: dict[str, Any], paint: Paint) -> str:
         lines.append(paint(f"gossip error: {ml['error']}", "31"))
     for err in cfg.get("errors", []):
         lines.append(paint(f"config refused, running the last good one: {err}", "31"))
+    lines += [paint(line, "31") for line in backoff_lines(st.get("modes") or {})]
     fail = st.get("failClosed") or {}
     if fail.get("reason"):
         lines.append(paint(f"fail closed since {fail.get('since') or '?'}: this node publishes itself drained: "
@@ -171,6 +172,30 @@ def header(st: dict[str, Any], paint: Paint) -> str:
         lines.append(paint(f"state file {f.get('path')} was corrupt at start ({f.get('reason')}): set aside as "
                            f"{f.get('setAside') or '(could not be renamed)'}{drained}", "31"))
     return "\n".join(lines)
+
+
+def _backoffs(value: Any, path: str = "") -> Iterable[tuple[str, dict[str, Any]]]:
+    """Every back-off state (``{"state": "backoff", ...}``) in a mode's status, with where it is."""
+    if isinstance(value, dict):
+        if value.get("state") == "backoff" and "failures" in value:
+            yield path, value
+            return
+        for key, sub in value.items():
+            yield from _backoffs(sub, f"{path}.{key}" if path else str(key))
+
+
+def backoff_lines(modes: dict[str, Any]) -> list[str]:
+    """One line per external tool a mode backs off from, and bgpd not answering."""
+    lines = []
+    for name, st in sorted(modes.items()):
+        if not isinstance(st, dict):
+            continue
+        if (st.get("frr") or {}).get("healthy") is False:
+            lines.append(f"{name}: bgpd does not answer ({st['frr'].get('error') or '?'}): this node's BFD is blocked")
+        for where, b in _backoffs(st):
+            lines.append(f"{name}: {where} failing ({b.get('failures')} in a row), next try in "
+                         f"{b.get('nextTrySeconds', 0):g} s: {b.get('error') or '?'}")
+    return lines
 
 
 def vip_rows(st: dict[str, Any], marks: dict[tuple[str, str], str] | None = None

@@ -46,7 +46,8 @@ ROUTER = ["configure terminal",
 VIP = "203.0.113.10"
 
 
-def docs(services=("web",), hold="9s", extra_adv=None):
+def docs(services=("web",), hold="9s", extra_adv=None, ips=None):
+    """The config: one service per name, at 203.0.113.10, .11, ... unless ``ips`` names its address."""
     out = [
         {"apiVersion": "metallb.io/v1beta1", "kind": "IPAddressPool", "metadata": {"name": "bgp"},
          "spec": {"addresses": ["203.0.113.0/26"]}},
@@ -63,7 +64,7 @@ def docs(services=("web",), hold="9s", extra_adv=None):
     for i, name in enumerate(services):
         out.append({"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": "prod"},
                     "spec": {"type": "LoadBalancer", "ports": [{"port": 80, "protocol": "TCP"}]},
-                    "status": {"loadBalancer": {"ingress": [{"ip": f"203.0.113.{10 + i}"}]}}})
+                    "status": {"loadBalancer": {"ingress": [{"ip": (ips or {}).get(name, f"203.0.113.{10 + i}")}]}}})
     return parse_resources(out)
 
 
@@ -129,20 +130,6 @@ def apply(modes: dict[str, BgpMode], cfg, drained: tuple[str, ...] = (), wait: b
         m.apply(name, nodes, cfg)
     for m in modes.values():
         assert not wait or m.wait_applied(30), m.status()
-    if wait:
-        # FRR 8.4 can lose a withdrawal made in a session's first seconds: a drain 1 s after the
-        # session came up left the route at r1 for 15 s and more in 3 of 8 runs here (a soft clear
-        # out did not repair it); 0 of 10 once the session was 3 s old (docs/bgp.md). The tests
-        # below drain right after this apply: let the sessions age first.
-        assert wait_for(lambda: all(_sessions_aged(modes[h].frr, 3.0) for h in modes), 20), [
-            m.status()["peers"] for m in modes.values()]
-
-
-def _sessions_aged(frr, seconds: float) -> bool:
-    """Every BGP session of this node Established for at least ``seconds`` (none: not yet)."""
-    peers = (frr.query_json("show bgp ipv4 unicast summary json") or {}).get("peers", {})
-    return bool(peers) and all(p.get("state") == "Established" and p.get("peerUptimeMsec", 0) >= seconds * 1000
-                               for p in peers.values())
 
 
 def test_ecmp_communities_drain_and_password_kept_out_of_status(blab, modes):
@@ -157,6 +144,7 @@ def test_ecmp_communities_drain_and_password_kept_out_of_status(blab, modes):
     status = modes["n1"].status()
     assert "s3cret-pw" not in json.dumps(status)
     assert status["peers"][0]["routes"] == [f"{VIP}/32"]
+    assert status["reconcile"]["repairs"] == {}, status["reconcile"]  # agrees: nothing to repair
     # the file FRR reads at start: the password is there, mode 0640, group frr
     conf = modes["n1"].frr.path("/etc/frr/frr.conf")
     import stat
@@ -333,3 +321,225 @@ def test_withdrawal_falls_back_to_vtysh_when_the_socket_fails(blab, modes, monke
     assert modes["n1"].last_withdraw["via"] == "vtysh", modes["n1"].last_withdraw
     assert _networks(blab, "n1") == []
     assert wait_for(lambda: next_hops(blab, VIP) == {"198.51.100.12"}, 5, step=0.01), next_hops(blab, VIP)
+
+
+# -- failing closed (a failing tool, bgpd gone, a drain as the session comes up) ------------------
+# Stand-ins, installed in the node's /run: every process the mode starts goes through ``logrun``
+# (one line per run in /run/nlb-tool-runs), and frr-reload.py fails --reload while
+# /run/nlb-fail-reload exists; the rest is the real FRR.
+LOGRUN = """#!/bin/sh
+echo "$(date +%s.%N) $*" >> /run/nlb-tool-runs
+exec "$@"
+"""
+RELOAD_STANDIN = """#!/usr/bin/python3
+import os, sys
+if "--reload" in sys.argv and os.path.exists("/run/nlb-fail-reload"):
+    print("stand-in: frr-reload.py --reload fails on command", file=sys.stderr)
+    sys.exit(1)
+os.execvp("python3", ["python3", "/usr/lib/frr/frr-reload.py"] + sys.argv[1:])
+"""
+API = "203.0.113.11"
+N1 = "198.51.100.11"
+
+
+def _root(lab: labctl.Lab, host: str, path: str) -> str:
+    return f"/proc/{lab.pid(host)}/root{path}"
+
+
+def standin_mode(lab: labctl.Lab, host: str) -> BgpMode:
+    os.makedirs(_root(lab, host, "/run/nlb-bin"), exist_ok=True)
+    for name, text in (("logrun", LOGRUN), ("frr-reload.py", RELOAD_STANDIN)):
+        with open(_root(lab, host, f"/run/nlb-bin/{name}"), "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.chmod(_root(lab, host, f"/run/nlb-bin/{name}"), 0o755)
+    mode = mode_for(lab, host)
+    mode.frr.prefix = mode.frr.prefix + ["/run/nlb-bin/logrun"]
+    mode.frr.reload_tool = "/run/nlb-bin/frr-reload.py"
+    return mode
+
+
+@pytest.fixture
+def smodes(blab: labctl.Lab) -> Iterator[dict[str, BgpMode]]:
+    """n1 with the stand-ins, n2 as usual."""
+    out = {"n1": standin_mode(blab, "n1"), "n2": mode_for(blab, "n2")}
+    for m in out.values():
+        m.start()
+    try:
+        yield out
+    finally:
+        fail_reload(blab, False)
+        for m in out.values():
+            m.withdraw_all()
+            m.close()
+        wait_for(lambda: not next_hops(blab, VIP), 10)
+
+
+def fail_reload(lab: labctl.Lab, on: bool) -> None:
+    flag = _root(lab, "n1", "/run/nlb-fail-reload")
+    if on:
+        open(flag, "w", encoding="utf-8").close()
+    elif os.path.exists(flag):
+        os.unlink(flag)
+
+
+def tool_runs(lab: labctl.Lab, since: float, until: float | None = None) -> list[str]:
+    """The processes n1's mode started between two wall-clock times."""
+    try:
+        with open(_root(lab, "n1", "/run/nlb-tool-runs"), encoding="utf-8") as fh:
+            lines = fh.read().splitlines()
+    except FileNotFoundError:
+        return []
+    return [line for line in lines if since <= float(line.split()[0]) <= (until or 1e12)]
+
+
+def router_has(lab: labctl.Lab, prefix: str, node: str = N1) -> bool:
+    return node in next_hops(lab, prefix)
+
+
+def updates_from(lab: labctl.Lab, addr: str = N1) -> int:
+    """UPDATE messages r1 received from ``addr``."""
+    n = vtysh_json(lab, "r1", f"show bgp neighbors {addr} json").get(addr, {})
+    return int((n.get("messageStats") or {}).get("updatesRecv", 0))
+
+
+def bgp_paths_from(lab: labctl.Lab, prefix: str, node: str = N1) -> int:
+    route = vtysh_json(lab, "r1", f"show bgp ipv4 unicast {prefix}/32 json")
+    return sum(1 for p in route.get("paths", []) if (p.get("peer") or {}).get("peerId") == node)
+
+
+def frr_conf(lab: labctl.Lab, host: str) -> str:
+    with open(_root(lab, host, "/etc/frr/frr.conf"), encoding="utf-8") as fh:
+        return fh.read()
+
+
+def test_failed_reload_after_a_withdrawal_never_re_announces(blab, smodes):
+    """Defect 1: --reload failing (on command) after a withdrawal used to put the last good file back,
+    and the prefix flapped at the router every retry. Now: gone within 0.5 s and never back, at most a
+    few tool runs per second, frr.conf without it, and a stop in that state leaves nothing announced."""
+    seconds = float(os.environ.get("NOCLOUDLB_RELOAD_FAIL_SECONDS", "10"))
+    apply(smodes, docs(services=("web", "api")))
+    assert wait_for(lambda: router_has(blab, API) and router_has(blab, VIP), 30)
+    n1 = smodes["n1"]
+    fail_reload(blab, True)
+    wall, t0 = time.time(), time.monotonic()
+    n1.apply("n1", [NodeView("n1"), NodeView("n2")], docs(services=("web",)))
+    assert wait_for(lambda: not router_has(blab, API), 5, step=0.01), next_hops(blab, API)
+    gone = time.monotonic() - t0
+    settled = wait_for(lambda: n1.status()["config"]["reload"]["failures"] >= 1, 10)
+    assert settled, n1.status()["config"]
+    time.sleep(0.5)  # the withdrawal's UPDATE has surely arrived
+    updates = updates_from(blab)
+    samples = flaps = 0
+    timeline = []
+    while time.monotonic() < t0 + seconds:
+        samples += 1
+        flaps += router_has(blab, API) or bgp_paths_from(blab, API) > 0
+        if samples % 5 == 0:
+            timeline.append((round(time.time() - wall, 2), updates_from(blab)))
+        time.sleep(0.1)
+    later = updates_from(blab)
+    status = n1.status()["config"]
+    runs = tool_runs(blab, wall)
+    print(f"RELOAD-FAILING {seconds:g} s: gone at the router after {gone:.3f} s; {samples} samples, {flaps} with the "
+          f"prefix back; UPDATEs from n1 after settling {later - updates}; reload failures "
+          f"{status['reload']['failuresTotal']}; tool runs {len(runs)} ({len(runs) / seconds:.2f}/s)")
+    assert gone < 0.5
+    assert flaps == 0 and later == updates, (updates, timeline, runs)
+    assert status["reload"]["state"] == "backoff" and status["reload"]["failuresTotal"] >= 2, status
+    assert len(runs) / seconds <= 3, runs
+    assert f"network {API}/32" not in frr_conf(blab, "n1") and f"network {VIP}/32" in frr_conf(blab, "n1")
+    # the speaker stops in that state: nothing of n1's stays announced
+    n1.withdraw_all()
+    n1.close()
+    assert wait_for(lambda: not router_has(blab, VIP), 2, step=0.01), next_hops(blab, VIP)
+    assert not router_has(blab, API) and "  network " not in frr_conf(blab, "n1")
+
+
+def test_frr_conf_follows_the_decision_through_a_bgpd_restart(blab, modes):
+    """Defect 2: frr.conf kept the networks a drain withdrew, so FRR announced them again when it
+    restarted with the speaker stopped. Drain, stop the mode (as a crash: no withdraw_all), restart
+    FRR: the router does not learn the drained prefix again."""
+    apply(modes, docs())
+    assert wait_for(lambda: next_hops(blab, VIP) == {N1, "198.51.100.12"}, 30)
+    apply(modes, docs(), drained=("n1",))
+    assert wait_for(lambda: next_hops(blab, VIP) == {"198.51.100.12"}, 10, step=0.01), next_hops(blab, VIP)
+    assert f"network {VIP}/32" not in frr_conf(blab, "n1")
+    modes["n1"].close()
+    blab.exec("n1", ["systemctl", "restart", "frr"], timeout=60)
+    assert wait_for(lambda: session(blab, N1).get("state") == "Established", 30), session(blab, N1)
+    time.sleep(3)  # what bgpd read from frr.conf has reached the router by now
+    assert next_hops(blab, VIP) == {"198.51.100.12"}
+    assert bgp_paths_from(blab, VIP) == 0
+
+
+def test_bgpd_down_30s_few_tool_runs_unhealthy_then_everything_back(blab, smodes):
+    """Defect 3: while bgpd was gone the loop ran vtysh hundreds of times a second. FRR killed
+    (SIGKILL to every daemon; the restart systemd would make 5 s later is cancelled) for 30 s while
+    a change withdraws one prefix and adds another: at most 2 tool runs per second, the node
+    unhealthy; once FRR is back, the decision is at the router within 2 s of the session being up
+    again (the session itself takes FRR's connect and BFD time, printed)."""
+    seconds = float(os.environ.get("NOCLOUDLB_BGPD_DOWN_SECONDS", "30"))
+    apply(smodes, docs(services=("web", "api")))
+    assert wait_for(lambda: router_has(blab, API) and router_has(blab, VIP), 30)
+    n1 = smodes["n1"]
+    wall = time.time()
+    blab.exec("n1", ["sh", "-c", "systemctl kill -s KILL frr; systemctl stop frr"], timeout=60)
+    n1.apply("n1", [NodeView("n1"), NodeView("n2")], docs(services=("web", "db"), ips={"db": "203.0.113.12"}))
+    unhealthy = wait_for(lambda: n1.status()["frr"]["healthy"] is False, 5)
+    assert wait_for(lambda: not router_has(blab, VIP), 5), next_hops(blab, VIP)
+    time.sleep(max(0.0, wall + seconds - time.time()))
+    runs = tool_runs(blab, wall, wall + seconds)
+    status = n1.status()
+    assert unhealthy and status["frr"]["healthy"] is False, status["frr"]
+    back = time.monotonic()
+    blab.exec("n1", ["systemctl", "start", "frr"], timeout=60)
+    answered = wait_for(lambda: _answers(n1.frr), 30, step=0.01)
+    t_answer = time.monotonic()
+    assert answered
+    established = wait_for(lambda: session(blab, N1).get("state") == "Established", 30, step=0.02)
+    t_est = time.monotonic()
+    done = wait_for(lambda: router_has(blab, VIP) and router_has(blab, "203.0.113.12") and not router_has(blab, API),
+                    30, step=0.02)
+    t_done = time.monotonic()
+    print(f"BGPD-DOWN {seconds:g} s: {len(runs)} tool runs ({len(runs) / seconds:.2f}/s); bgpd answering "
+          f"{t_answer - back:.2f} s after the start; session up at r1 {t_est - t_answer:.3f} s after that; the "
+          f"decision at r1 {t_done - t_est:.3f} s after the session; back-offs at the end of the outage: "
+          f"{status['config']['reload']}, {status['config']['withdraw']}")
+    assert len(runs) / seconds <= 2, runs
+    assert established and done, (next_hops(blab, VIP), next_hops(blab, API), n1.status())
+    assert t_done - t_est <= 2.0
+    assert f"network {API}/32" not in frr_conf(blab, "n1")
+
+
+def _answers(frr) -> bool:
+    try:
+        frr.query("show version", timeout=0.2)
+        return True
+    except Exception:  # noqa: BLE001 - not yet
+        return False
+
+
+def test_drain_right_after_the_session_comes_up_leaves_no_stale_route(blab, modes):
+    """Defect 4: FRR 8.4 could lose a withdrawal made in a session's first second (the router kept
+    the route 15 s and more). The reconcile compares bgpd's advertisements with the decision and
+    repairs: 2 s after each drain the router holds no route of n1. NOCLOUDLB_DRAIN_REPS repetitions
+    (10 here; the documented run uses 100)."""
+    reps = int(os.environ.get("NOCLOUDLB_DRAIN_REPS", "10"))
+    stale, repairs, ages = 0, 0, []
+    for _ in range(reps):
+        apply(modes, docs())
+        modes["n1"].frr.exec_vty("clear bgp 198.51.100.1")  # a new session
+        assert wait_for(lambda: session(blab, N1).get("state") != "Established", 10, step=0.01)
+        assert wait_for(lambda: router_has(blab, VIP), 30, step=0.01), session(blab, N1)
+        ages.append(session(blab, N1).get("peerUptimeMsec", 0))
+        before = sum(modes["n1"].status()["reconcile"]["repairs"].values())
+        t0 = time.monotonic()
+        apply(modes, docs(), drained=("n1",), wait=False)
+        time.sleep(max(0.0, t0 + 2.0 - time.monotonic()))
+        if router_has(blab, VIP) or bgp_paths_from(blab, VIP):
+            stale += 1
+        repairs += sum(modes["n1"].status()["reconcile"]["repairs"].values()) - before
+        assert modes["n1"].wait_applied(30)
+    print(f"DRAIN-AFTER-SESSION-UP {reps} reps: {stale} stale 2 s after the drain; {repairs} repairs; session age "
+          f"at the drain {min(ages)}-{max(ages)} ms")
+    assert stale == 0

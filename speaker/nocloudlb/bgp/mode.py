@@ -137,6 +137,7 @@ class BgpMode:
         self._changed_at = 0.0  # the last reload or withdrawal (the reconcile looks closely after it)
         self.reconciler = Reconciler(self._advertised, self._repair)
         self.reconcile_interval = (0.5, 2.0)  # seconds between checks: for 10 s after a change, then
+        self.reconcile_settle = 5.0  # a session's age before a prefix it lacks counts as missing
         self._reloads = 0
         self._last_reload_at = 0.0
         self._last_reload_seconds = 0.0
@@ -317,13 +318,15 @@ class BgpMode:
         wants = peer_wants(self._decision)
         views = []
         for p in self._decision.peers:
-            if self._sessions.get(p.name, {}).get("state") != "Established":
+            session = self._sessions.get(p.name, {})
+            if session.get("state") != "Established":
                 continue
             nets = self._announced.get((p.vrf, p.my_asn), {})
+            settled = _count(session.get("uptimeMsec")) >= self.reconcile_settle * 1000
             for fam in peer_families(p):
                 want = frozenset() if self._withdrawn else frozenset(wants.get(p.name, {}).get(fam, ()))
                 views.append(PeerView(p.name, p.address or p.interface, p.vrf, p.my_asn, fam, want,
-                                      frozenset(nets.get(fam, ()))))
+                                      frozenset(nets.get(fam, ())), missing_counts=settled))
         return views
 
     def _advertised(self, view: PeerView) -> set[str]:
@@ -524,10 +527,12 @@ class BgpMode:
                     newest = self._desired
                 if newest is not desired and newest is not None and _any(_minus(desired.networks, newest.networks)):
                     return  # a newer config withdraws some of these (drain, withdraw_all): never re-announce them
-                # frr.conf is the decision before bgpd hears it: a bgpd (re)start reads the same
+                # frr.conf is the decision before bgpd hears it (a bgpd (re)start reads the same),
+                # and the file reloaded: from another file frr-reload would `vtysh write` the
+                # running config over it
                 self._write_disk(desired.text)
                 try:
-                    self.frr.reload(staged)
+                    self.frr.reload(self.frr.conf if self._disk == desired.text else staged)
                 except FrrError:
                     with self._cond:  # FRR may hold part of it: the next round withdraws what it must
                         self._announced = _union(self._announced, desired.networks)

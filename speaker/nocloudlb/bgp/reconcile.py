@@ -38,6 +38,9 @@ class PeerView:
     family: str  # "ipv4" | "ipv6"
     want: frozenset[str]  # what the decision gives this neighbour
     networks: frozenset[str] = frozenset()  # the router's ``network`` lines of this family
+    # False in a session's first seconds: bgpd holds its first UPDATEs (its coalesce time, 1 s and
+    # more) so a missing prefix is not yet a difference; an extra one always is
+    missing_counts: bool = True
 
     @property
     def key(self) -> tuple[str, str]:
@@ -104,6 +107,8 @@ class Reconciler:
         for view in views:
             track = self._tracks.setdefault(view.key, _Track())
             found = diff(view.want, self.ask(view))
+            if not view.missing_counts:
+                found = Diff(extra=found.extra)
             if not found:
                 self._tracks[view.key] = _Track(last_hard=track.last_hard)
                 continue
