@@ -13,7 +13,7 @@ APT_PACKAGES := debootstrap iproute2 iputils-ping arping tcpdump nftables curl n
 # by the monitoring tests when present; not installed here, as it starts a server.
 APT_PACKAGES += graphviz
 
-.PHONY: help deps venv lint unit fuzz fuzz-long sanity netns labtests molecule install-test docs-check test lab lab-down bench bench-long bench-failover bench-side-by-side build clean chaos chaos-short chaos-partitions
+.PHONY: help deps venv lint unit fuzz fuzz-long sanity netns labtests molecule install-test docs-check test lab lab-down bench bench-long bench-failover bench-side-by-side build clean chaos chaos-short chaos-partitions soak-bgp
 
 help:
 	@echo "make test   - install what is needed, then run lint, unit, sanity, namespace and molecule tests"
@@ -21,6 +21,7 @@ help:
 	@echo "make bench  - run the benchmarks and print their figures"
 	@echo "make bench-long - membership (3-80 speakers) and site.yml (10-1,000 services) at size; writes docs/images"
 	@echo "make chaos  - every chaos fault on the lab; writes docs/chaos.md and docs/images/chaos-timeline.png"
+	@echo "make soak-bgp - BGP failing closed at length: frr-reload failing 60 s, 100 drains as the session comes up"
 	@echo "make chaos-partitions - the partition matrix (fast and lan); writes its block of docs/chaos.md"
 
 deps:
@@ -78,6 +79,12 @@ docs-check: deps venv
 TEST_STEPS := lint docs-check unit fuzz sanity netns labtests install-test $(addprefix molecule-,$(SCENARIOS)) chaos-short
 test: deps venv
 	$(PY) scripts/run-steps.py --title "make test" $(TEST_STEPS)
+
+# BGP failing closed at length (docs/bgp.md, "Failing closed"): frr-reload --reload failing for
+# 60 s after a withdrawal, and 100 drains right after the session comes up; about 12 min.
+soak-bgp: deps venv
+	NOCLOUDLB_RELOAD_FAIL_SECONDS=60 NOCLOUDLB_DRAIN_REPS=100 $(BIN)/pytest tests/lab/test_bgp_frr.py -q -s \
+		-p no:cacheprovider -k "never_re_announces or drain_right_after"
 
 # Bounded fuzzing (issue 8): ARP/NDP frames, gossip metadata, control requests, config files; under 1.5 min.
 fuzz: venv
