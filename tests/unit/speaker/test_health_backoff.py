@@ -6,6 +6,7 @@ recovers is healthy again after its ``rise`` passes. Real commands; each run app
 
 from __future__ import annotations
 
+import socket
 import time
 
 from nocloudlb.backoff import backoff_metrics
@@ -89,5 +90,19 @@ def test_an_unchanged_check_keeps_its_schedule_across_configure(tmp_path):
             hc.configure({"prod/web": spec})
             time.sleep(0.05)
         assert _runs(runs) == 1, f"{_runs(runs)} runs in 1 s for a check every 2 s"
+    finally:
+        hc.stop()
+
+
+def test_a_tcp_check_refused_at_once_runs_at_most_twice_a_second():
+    with socket.socket() as probe:  # a port nothing listens on: every connect is refused at once
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    hc = HealthChecker(lambda: None, metrics=backoff_metrics(CollectorRegistry()))
+    try:
+        hc.configure({"prod/web": CheckSpec(kind="tcp", port=port, interval=0.1, timeout=1.0, rise=2, fall=1)})
+        time.sleep(3.0)
+        st = hc.status()["prod/web"]
+        assert 5 <= st["failures"] <= 7 and "refused" in st["error"] and st["backoff"]["state"] == "ok", st
     finally:
         hc.stop()
