@@ -282,9 +282,10 @@ class HealthChecker:
         return 2 * spec.interval + spec.timeout + 2.0
 
     def _stale(self, st: CheckState, now: float) -> bool:
-        """A result that stopped coming; not while the check backs off (its last result, a failure, stands)."""
-        backing_off = st.backoff is not None and st.backoff.backing_off
-        return st.healthy is not None and not backing_off and now - st.last_run > self.stale_after(st.spec)
+        """A result that stopped coming; not for an unhealthy check that backs off (it waits on purpose, and
+        its last result, a failure, stands)."""
+        waits = not st.healthy and st.backoff is not None and st.backoff.backing_off
+        return st.healthy is not None and not waits and now - st.last_run > self.stale_after(st.spec)
 
     def healthy(self) -> set[str]:
         """Services whose check passes now; a stale result (the check stopped reporting) does not count."""
