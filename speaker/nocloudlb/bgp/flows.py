@@ -155,8 +155,7 @@ class PeerResolver:
         self.addresses = addresses
         self.run = run
         self.deadline = deadline
-        self.backoffs = {a: Backoff(f"bgp-flows-peer {a}", base=PEER_BACKOFF_BASE,
-                                     ceiling=PEER_BACKOFF_CEILING) for a in addresses}
+        self.backoffs = {a: self._backoff(a) for a in addresses}
         if metrics is not None:
             for b in self.backoffs.values():
                 metrics.add(b)
@@ -164,6 +163,10 @@ class PeerResolver:
         self._pending: dict[str, Future] = {}
         self._late: set[str] = set()  # pending past a deadline (counted once)
         self._pool: ThreadPoolExecutor | None = None
+
+    @staticmethod
+    def _backoff(address: str) -> Backoff:
+        return Backoff(f"bgp-flows-peer {address}", base=PEER_BACKOFF_BASE, ceiling=PEER_BACKOFF_CEILING)
 
     def resolve(self) -> tuple[list[Peer], list[str]]:
         if self._pool is None:
