@@ -98,6 +98,11 @@ class BackoffCollector(Collector):
             self._items[backoff.tool] = backoff
         return backoff
 
+    def discard(self, tool: str) -> None:
+        """Stop exporting ``tool`` (a health check whose service went away)."""
+        with self._lock:
+            self._items.pop(tool, None)
+
     def collect(self) -> Iterator[Any]:
         with self._lock:
             items = sorted(self._items.items())

@@ -20,6 +20,18 @@ Hardening (issue 8, defect 10):
 - a result older than ``stale_after`` (2 intervals + timeout + 2 s) counts as unhealthy:
   a check that stopped running (a stuck worker) never freezes health at its last value;
 - intervals must be finite and at least MIN_INTERVAL, timeouts at least MIN_TIMEOUT.
+
+Back-off (issue 21, deliver 4: never more than a few runs a second of an external tool, whatever fails):
+
+- a check that *cannot run* (its command does not start: ENOENT, EACCES, ENOEXEC; exit status 126 or 127,
+  a shell's "cannot execute" and "not found"; an unexpected error in the checker) counts as a failure
+  and backs off on a ``Backoff`` of its own (``health SERVICE``: 0.5-1 s, 1-2 s, ... at most 30 s, with
+  jitter), shown as ``backoff`` in its status and exported as ``nocloudlb_backoff_*{tool="health SERVICE"}``;
+  its first successful run resets it;
+- a check that runs and fails (connection refused, an HTTP 503, exit status 1) is an answer, not an
+  error: it keeps its interval, so it turns healthy again ``rise`` intervals after the backend does,
+  but runs at most every FAILING_GAP seconds (an interval of 0.1 s answered at once is 2 runs a second);
+- ``configure`` keeps the schedule of a check whose spec did not change (a reload does not run it again).
 """
 
 from __future__ import annotations
@@ -42,12 +54,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from .backoff import Backoff, BackoffCollector, backoff_metrics
 from .logs import event
 
 DEFAULTS = {"interval": 2.0, "timeout": 1.0, "rise": 2, "fall": 3}
 MIN_INTERVAL = 0.1  # seconds; a smaller one is a typo that would burn a core
 MAX_INTERVAL = 86400.0
 MIN_TIMEOUT = 0.01
+FAILING_GAP = 0.5  # seconds: a check that fails runs at most this often, whatever its interval
+NOT_RUN_BASE, NOT_RUN_CEILING = 1.0, 30.0  # back-off of a check that cannot run (see the module docstring)
+NOT_RUN_STATUS = (126, 127)  # a shell's "cannot execute" and "command not found"
 CAP_NET_ADMIN, CAP_NET_RAW = 12, 13
 _PR_CAPBSET_DROP, _PR_SET_NO_NEW_PRIVS, _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 24, 38, 47, 4
 
@@ -70,11 +86,19 @@ def drop_privileges() -> None:
     _prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
 
 
+class CheckNotRun(Exception):
+    """The check could not be carried out (its command does not start), unlike a check that ran and failed."""
+
+
 def run_exec(command: list[str] | tuple[str, ...], timeout: float) -> tuple[bool, str]:
-    """Run ``command`` without network capabilities, in its own process group, killed at ``timeout``."""
-    proc = subprocess.Popen(list(command), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True,
-                            preexec_fn=drop_privileges)  # noqa: PLW1509 - prctl only, prepared in the parent
+    """Run ``command`` without network capabilities, in its own process group, killed at ``timeout``.
+    Raises CheckNotRun when it cannot start or exits with 126 or 127."""
+    try:
+        proc = subprocess.Popen(list(command), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True,
+                                preexec_fn=drop_privileges)  # noqa: PLW1509 - prctl only, prepared in the parent
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise CheckNotRun(f"cannot start {command[0]!r}: {getattr(exc, 'strerror', None) or exc}") from exc
     try:
         code = proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -90,6 +114,8 @@ def run_exec(command: list[str] | tuple[str, ...], timeout: float) -> tuple[bool
                 os.killpg(proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+    if code in NOT_RUN_STATUS:
+        raise CheckNotRun(f"exit status {code}: {command[0]!r} or a command it runs cannot be found or run")
     return code == 0, "" if code == 0 else f"exit status {code}"
 
 
@@ -159,7 +185,7 @@ class CheckSpec:
         return spec
 
     def run_once(self) -> tuple[bool, str]:
-        """One check: (passed, why not)."""
+        """One check: (passed, why not). Raises CheckNotRun when an exec check cannot run."""
         try:
             if self.kind == "tcp":
                 with socket.create_connection((self.host, self.port), timeout=self.timeout):
@@ -199,14 +225,18 @@ class CheckState:
     last_error: str = ""
     last_run: float = 0.0
     running: bool = False
+    started: float = 0.0
+    next_due: float = 0.0  # when it is scheduled to run next (kept across configure when the spec is unchanged)
+    backoff: Backoff | None = None  # while it cannot run (CheckNotRun)
 
 
 class HealthChecker:
     """Runs every Local-policy service's check on its interval; calls ``on_change`` on a flip."""
 
     def __init__(self, on_change: Callable[[], None], logger: logging.Logger | None = None,
-                 workers: int = 8) -> None:
+                 workers: int = 8, metrics: BackoffCollector | None = None) -> None:
         self.on_change = on_change
+        self.metrics = backoff_metrics() if metrics is None else metrics
         self.log = logger or logging.getLogger("nocloudlb.health")
         self._checks: dict[str, CheckState] = {}
         self._always: set[str] = set()
@@ -232,12 +262,18 @@ class HealthChecker:
                 if spec is None:
                     continue
                 prev = old.get(key)
-                st = CheckState(key, spec)
+                st = CheckState(key, spec, next_due=now)
                 if prev is not None and prev.spec == spec:
                     st.healthy, st.passes, st.failures, st.last_error, st.last_run = (
                         prev.healthy, prev.passes, prev.failures, prev.last_error, prev.last_run)
+                    st.backoff, st.next_due = prev.backoff, max(now, prev.next_due)
+                if st.backoff is None:
+                    st.backoff = self.metrics.add(Backoff(f"health {key}", base=NOT_RUN_BASE,
+                                                          ceiling=NOT_RUN_CEILING))
                 self._checks[key] = st
-                heapq.heappush(self._heap, (now, key, self._gen))
+                heapq.heappush(self._heap, (st.next_due, key, self._gen))
+            for key in set(old) - set(self._checks):
+                self.metrics.discard(f"health {key}")
             self._wake.notify()
 
     @staticmethod
@@ -246,7 +282,10 @@ class HealthChecker:
         return 2 * spec.interval + spec.timeout + 2.0
 
     def _stale(self, st: CheckState, now: float) -> bool:
-        return st.healthy is not None and now - st.last_run > self.stale_after(st.spec)
+        """A result that stopped coming; not for an unhealthy check that backs off (it waits on purpose, and
+        its last result, a failure, stands)."""
+        waits = not st.healthy and st.backoff is not None and st.backoff.backing_off
+        return st.healthy is not None and not waits and now - st.last_run > self.stale_after(st.spec)
 
     def healthy(self) -> set[str]:
         """Services whose check passes now; a stale result (the check stopped reporting) does not count."""
@@ -263,7 +302,8 @@ class HealthChecker:
                 out[k] = {"healthy": bool(s.healthy) and not stale, "check": s.spec.kind,
                           "error": "result is stale: the check has not reported for "
                                    f"{now - s.last_run:.1f}s" if stale else s.last_error,
-                          "stale": stale, "passes": s.passes, "failures": s.failures}
+                          "stale": stale, "passes": s.passes, "failures": s.failures,
+                          "backoff": s.backoff.state() if s.backoff is not None else {"state": "ok"}}
             return out
 
     def stop(self) -> None:
@@ -271,6 +311,8 @@ class HealthChecker:
             self._stop = True
             self._wake.notify()
         self._pool.shutdown(wait=False, cancel_futures=True)
+        for key in list(self._checks):
+            self.metrics.discard(f"health {key}")
 
     def _loop(self) -> None:
         while True:
@@ -282,25 +324,52 @@ class HealthChecker:
                     return
                 due, key, gen = heapq.heappop(self._heap)
                 st = self._checks.get(key)
-                if gen != self._gen or st is None:
+                if gen != self._gen or st is None or st.running:
                     continue
-                heapq.heappush(self._heap, (max(due + st.spec.interval, time.monotonic()), key, gen))
-                if st.running:
-                    continue
-                st.running = True
+                st.running, st.started = True, time.monotonic()
+                st.next_due = due + st.spec.interval  # rescheduled when it reports (_reschedule)
             try:
-                self._pool.submit(self._run, st, gen)
+                self._pool.submit(self._run, st, gen, due)
             except RuntimeError:
                 return
 
-    def _run(self, st: CheckState, gen: int) -> None:
-        ok, err = st.spec.run_once()
-        flipped = False
+    def _attempt(self, st: CheckState) -> tuple[bool, str, bool]:
+        """(passed, why not, could not run)."""
+        try:
+            ok, err = st.spec.run_once()
+            return ok, err, False
+        except CheckNotRun as exc:
+            return False, str(exc), True
+        except Exception as exc:  # noqa: BLE001 - the worker must report, or the check would never run again
+            return False, f"the check failed to run: {type(exc).__name__}: {exc}", True
+
+    def _reschedule(self, st: CheckState, gen: int, due: float, ok: bool, not_run: bool) -> None:
+        """The next run (under the lock): the interval, no sooner than FAILING_GAP after a failed run's start,
+        and no sooner than the back-off's next try while it cannot run."""
+        nxt = max(due + st.spec.interval, time.monotonic())
+        if not ok:
+            nxt = max(nxt, st.started + FAILING_GAP)
+        if not_run and st.backoff is not None:
+            nxt = max(nxt, st.backoff.next_try)
+        st.next_due = nxt
+        heapq.heappush(self._heap, (nxt, st.service, gen))
+        self._wake.notify()
+
+    def _run(self, st: CheckState, gen: int, due: float) -> None:
+        ok, err, not_run = self._attempt(st)
+        flipped = new_error = False
         with self._lock:
             st.running = False
             st.last_run = time.monotonic()
             if gen != self._gen:
                 return
+            if st.backoff is not None:
+                if not_run:
+                    new_error = err != st.backoff.error or not st.backoff.backing_off
+                    st.backoff.failed(err)
+                else:
+                    st.backoff.succeeded()
+            self._reschedule(st, gen, due, ok, not_run)
             if ok:
                 st.passes, st.failures = st.passes + 1, 0
                 if st.healthy is None or (not st.healthy and st.passes >= st.spec.rise):
@@ -312,6 +381,10 @@ class HealthChecker:
                 if st.healthy is None or (st.healthy and st.failures >= st.spec.fall):
                     flipped = st.healthy is not False
                     st.healthy = False
+        if new_error and st.backoff is not None:
+            event(self.log, "healthCheckBackoff", f"health check of {st.service} cannot run: {err}",
+                  level=logging.WARNING, service=st.service, check=st.spec.kind, error=err,
+                  failures=st.backoff.failures, nextTrySeconds=round(st.backoff.remaining(), 3))
         if flipped:
             event(self.log, "healthChanged", level=logging.INFO if ok else logging.WARNING,
                   service=st.service, healthy=ok, check=st.spec.kind, error=err)

@@ -17,9 +17,12 @@ import subprocess
 import sys
 
 import pytest
-from nocloudlb.bgp.flows import FlowHandover
+from nocloudlb.bgp.flows import FLOW_TABLE, FlowHandover
+from prometheus_client import REGISTRY
 
 VIP, PORT = "203.0.113.10", 8093
+VIP2 = "203.0.113.11"
+DEAD = "192.0.2.66"  # a peer n2 cannot reach: a blackhole route to it (`ip route get` fails)
 
 SERVER = r"""
 import socket, socketserver, sys
@@ -99,7 +102,7 @@ def _runner(seg, ns):
     return run
 
 
-def _setup(seg, rate: int | None = None, burst: int | None = None):
+def _setup(seg, rate: int | None = None, burst: int | None = None, dead: tuple[str, ...] = ()):
     n1, n2 = seg.hosts
     for h in (n1, n2):
         seg.run(h.ns, ["ip", "addr", "add", f"{VIP}/32", "dev", "lo"])
@@ -109,7 +112,7 @@ def _setup(seg, rate: int | None = None, burst: int | None = None):
     handovers = []
     for me, other in ((n1, n2), (n2, n1)):
         kw = {} if rate is None else {"rate": rate, "burst": burst}
-        fh = FlowHandover([other.ipv4], _runner(seg, me.ns), **kw)
+        fh = FlowHandover([*(dead if me is n2 else ()), other.ipv4], _runner(seg, me.ns), **kw)
         fh.refresh({VIP})
         assert fh.status()["active"], fh.status()
         handovers.append(fh)
@@ -117,7 +120,7 @@ def _setup(seg, rate: int | None = None, burst: int | None = None):
     for h in (n1, n2):  # both servers listen
         seg.run(h.ns, ["sh", "-c", f"for i in $(seq 50); do ss -Hltn sport = :{PORT} | grep -q . && exit 0; "
                                    "sleep 0.1; done; exit 1"])
-    return n1, n2
+    return n1, n2, handovers
 
 
 def _move(seg, n2, conns: int, wait: float) -> dict:
@@ -135,7 +138,7 @@ def _move(seg, n2, conns: int, wait: float) -> dict:
 
 def test_a_burst_of_moved_connections_is_handed_over_and_closes_on_its_node(make_segment):
     seg = make_segment(hosts=2, client=True)
-    _n1, n2 = _setup(seg)
+    _n1, n2, _fh = _setup(seg)
     result = _move(seg, n2, 200, 3.0)
     # the old rules (limit without burst: 5 segments) reset most of the 200 here
     assert result == {"reset": 0, "silent": 0, "ok": 200, "half_close": "bye"}, result
@@ -143,7 +146,31 @@ def test_a_burst_of_moved_connections_is_handed_over_and_closes_on_its_node(make
 
 def test_over_the_limit_a_segment_is_dropped_not_reset(make_segment):
     seg = make_segment(hosts=2, client=True)
-    _n1, n2 = _setup(seg, rate=1, burst=1)
+    _n1, n2, _fh = _setup(seg, rate=1, burst=1)
     result = _move(seg, n2, 20, 0.5)
     # one copy a second: most segments wait for a retransmission, none is answered with a reset
     assert result["reset"] == 0 and result["silent"] > 0, result
+
+
+def test_an_unreachable_peer_never_stops_the_refresh_toward_the_others(make_segment):
+    # defect 7 (issue 21): n2's `ip route get` for a blackholed peer failed, the whole refresh with it,
+    # and n2 handed nothing over to n1 (the old code raised here, before any table was written)
+    seg = make_segment(hosts=2, client=True)
+    n2 = seg.hosts[1]
+    seg.run(n2.ns, ["ip", "route", "add", "blackhole", f"{DEAD}/32"])
+    n1, n2, handovers = _setup(seg, dead=(DEAD,))
+    fh = handovers[-1]
+    st = fh.status()
+    assert st["peers"] == [n1.ipv4] and st["active"], st
+    assert st["peerErrors"][DEAD]["state"] == "backoff" and st["peerErrors"][DEAD]["failures"] == 1, st
+    assert "RTNETLINK" in st["peerErrors"][DEAD]["error"], st
+    assert REGISTRY.get_sample_value("nocloudlb_backoff_tool_failures_total", {"tool": f"bgp-flows-peer {DEAD}"}) == 1
+    # the tables go away (`nft flush ruleset` elsewhere) and the VIPs change: the next refresh, with the dead
+    # peer still backing off, writes both VIPs with the copy to n1
+    seg.run(n2.ns, ["nft", "delete", "table", "ip", FLOW_TABLE])
+    fh.refresh({VIP, VIP2})
+    listed = seg.run(n2.ns, ["nft", "list", "table", "ip", FLOW_TABLE]).stdout
+    assert VIP2 in listed and f"dup to {n1.ipv4}" in listed and DEAD not in listed, listed
+    fh.refresh({VIP})
+    result = _move(seg, n2, 50, 3.0)
+    assert result == {"reset": 0, "silent": 0, "ok": 50, "half_close": "bye"}, result

@@ -34,6 +34,13 @@ send; its burst is one second of it, since a rehash moves many flows at the same
 nft's default burst of 5 segments, 12 segments in 0.4 ms after a drain went over it, and the
 segments over the limit were answered with resets: the drained node's connections that broke).
 Over the limit a segment is dropped, not reset: its sender sends it again and the copy goes then.
+
+Each peer is resolved on its own (issue 21, defect 7: one blackholed peer's failing ``ip route get``
+stopped every refresh, and flows toward the other peers were no longer handed over). A peer whose
+resolution fails (an error, or no answer within ``PEER_DEADLINE``) is logged with its address
+(``bgpFlowPeerFailed``, once per new error; ``bgpFlowPeerRecovered``), counted and backed off on its
+own ``Backoff`` (``nocloudlb_backoff_*{tool="bgp-flows-peer ADDRESS"}``, ``peerErrors`` in the status),
+keeps the entry it last resolved to, if any; the others are written at once.
 """
 
 from __future__ import annotations
@@ -43,11 +50,15 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
+from typing import Any
 
 from nocloudlb.core.schema import FLOW_HANDOVER_RATE
 
 from .. import logs
+from ..backoff import Backoff, BackoffCollector, backoff_metrics
 
 log = logging.getLogger("nocloudlb.bgp")
 
@@ -57,6 +68,8 @@ DEFAULT_BURST = DEFAULT_RATE  # copied at once after a quiet time (one second's 
 REAPPLY = 30.0  # seconds: the tables are written again even when unchanged
 # a node label that turns the handover off on that node (any other value, or none: on)
 OFF_LABEL = "nocloud.io/bgp-flow-handover"
+PEER_DEADLINE = 1.0  # seconds a refresh waits for one peer's resolution; a later answer counts at the next one
+PEER_BACKOFF_BASE, PEER_BACKOFF_CEILING = 1.0, 60.0  # a failing peer: tried again after 0.5-1 s, ..., at most 60 s
 
 
 @dataclass(frozen=True)
@@ -103,39 +116,134 @@ def flow_rules(vips: Iterable[str], peers: Iterable[Peer], rate: int = DEFAULT_R
     return "\n".join(out) + "\n"
 
 
+def resolve_peer(address: str, run: Callable[[list[str]], str]) -> tuple[Peer | None, str]:
+    """``address`` as an on-link peer with its MAC and device, or (None, why it is left out) when it is not
+    one (yet): behind a gateway, no neighbour entry. Raises when ``ip`` fails (``run``: argv -> stdout)."""
+    route = (json.loads(run(["ip", "-j", "route", "get", address]) or "[]") or [{}])[0]
+    device = route.get("dev", "")
+    if route.get("gateway") or not device or device == "lo":
+        return None, f"{address}: not on a link of this node (route {route})"
+    neigh = json.loads(run(["ip", "-j", "neigh", "show", address, "dev", device]) or "[]")
+    mac = next((n.get("lladdr") for n in neigh if n.get("lladdr") and "FAILED" not in (n.get("state") or [])),
+               None)
+    if not mac:
+        return None, f"{address}: no neighbour entry yet"
+    return Peer(address, mac, device), ""
+
+
 def resolve_peers(addresses: Iterable[str], run: Callable[[list[str]], str]) -> tuple[list[Peer], list[str]]:
-    """The on-link peers among ``addresses`` with their MAC and device (``run``: argv -> stdout of
-    ``ip -j ...``), and why the others were left out."""
+    """The on-link peers among ``addresses`` (one by one, see ``resolve_peer``), and why the others were left
+    out; one that fails is left out with its error, never the others."""
     peers, skipped = [], []
     for address in addresses:
         try:
-            route = (json.loads(run(["ip", "-j", "route", "get", address]) or "[]") or [{}])[0]
-        except (ValueError, OSError) as exc:
-            skipped.append(f"{address}: {exc}")
-            continue
-        device = route.get("dev", "")
-        if route.get("gateway") or not device or device == "lo":
-            skipped.append(f"{address}: not on a link of this node (route {route})")
-            continue
-        try:
-            neigh = json.loads(run(["ip", "-j", "neigh", "show", address, "dev", device]) or "[]")
-        except (ValueError, OSError) as exc:
-            skipped.append(f"{address}: {exc}")
-            continue
-        mac = next((n.get("lladdr") for n in neigh if n.get("lladdr") and "FAILED" not in (n.get("state") or [])),
-                   None)
-        if not mac:
-            skipped.append(f"{address}: no neighbour entry yet")
-            continue
-        peers.append(Peer(address, mac, device))
+            peer, why = resolve_peer(address, run)
+        except Exception as exc:  # noqa: BLE001 - this peer's failure, not the others'
+            peer, why = None, f"{address}: {exc}"
+        if peer is None:
+            skipped.append(why)
+        else:
+            peers.append(peer)
     return peers, skipped
+
+
+class PeerResolver:
+    """Resolves every peer on its own, in parallel, each under a deadline and a back-off of its own."""
+
+    def __init__(self, addresses: list[str], run: Callable[[list[str]], str], metrics: BackoffCollector | None,
+                 deadline: float = PEER_DEADLINE) -> None:
+        self.addresses = addresses
+        self.run = run
+        self.deadline = deadline
+        self.backoffs = {a: self._backoff(a) for a in addresses}
+        if metrics is not None:
+            for b in self.backoffs.values():
+                metrics.add(b)
+        self.last: dict[str, Peer] = {}  # the last good resolution of each peer: kept while it fails
+        self._pending: dict[str, Future] = {}
+        self._late: set[str] = set()  # pending past a deadline (counted once)
+        self._pool: ThreadPoolExecutor | None = None
+
+    @staticmethod
+    def _backoff(address: str) -> Backoff:
+        return Backoff(f"bgp-flows-peer {address}", base=PEER_BACKOFF_BASE, ceiling=PEER_BACKOFF_CEILING)
+
+    def resolve(self) -> tuple[list[Peer], list[str]]:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=min(8, len(self.addresses)) or 1,
+                                            thread_name_prefix="bgp-flows-peer")
+        for address in self.addresses:
+            if address not in self._pending and self.backoffs[address].ready():
+                self._pending[address] = self._pool.submit(resolve_peer, address, self.run)
+        # a peer already late is not waited for again: its answer is taken when it comes
+        wait_futures([f for a, f in self._pending.items() if a not in self._late], timeout=self.deadline)
+        peers, skipped = [], []
+        for address in self.addresses:
+            peer, why = self._outcome(address)
+            if peer is not None:
+                peers.append(peer)
+            if why:
+                skipped.append(why)
+        return peers, skipped
+
+    def _outcome(self, address: str) -> tuple[Peer | None, str]:
+        """This peer's entry for the rules (its last good one while it fails) and why it is left out, if it is."""
+        backoff, future = self.backoffs[address], self._pending.get(address)
+        if future is not None and not future.done():
+            if address not in self._late:
+                self._late.add(address)
+                self._failed(address, f"no answer within {self.deadline:g}s")
+        elif future is not None:
+            del self._pending[address]
+            self._late.discard(address)
+            try:
+                peer, why = future.result()
+            except Exception as exc:  # noqa: BLE001 - this peer's failure, not the others'
+                self._failed(address, str(exc).strip()[:300] or type(exc).__name__)
+            else:
+                self._succeeded(address)
+                if peer is None:
+                    self.last.pop(address, None)
+                    return None, why
+                self.last[address] = peer
+                return peer, ""
+        last = self.last.get(address)
+        if backoff.backing_off:
+            return last, f"{address}: {backoff.error} (try {backoff.failures}, next in {backoff.remaining():.1f}s)"
+        return last, "" if last else f"{address}: not resolved yet"
+
+    def _failed(self, address: str, error: str) -> None:
+        backoff = self.backoffs[address]
+        new = error != backoff.error or not backoff.backing_off
+        wait = backoff.failed(error)
+        if new:
+            logs.event(log, "bgpFlowPeerFailed", f"flow handover: peer {address}: {error}", logging.WARNING,
+                       peer=address, error=error, failures=backoff.failures, nextTrySeconds=round(wait, 3))
+
+    def _succeeded(self, address: str) -> None:
+        backoff = self.backoffs[address]
+        if backoff.backing_off:
+            logs.event(log, "bgpFlowPeerRecovered", f"flow handover: peer {address} resolved again",
+                       peer=address, failures=backoff.failures)
+        backoff.succeeded()
+
+    def errors(self) -> dict[str, dict[str, Any]]:
+        return {a: b.state() for a, b in self.backoffs.items() if b.backing_off}
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+        self._pending.clear()
+        self._late.clear()
 
 
 class FlowHandover:
     """Keeps the flow-handover tables in line with the VIPs this node serves and its peers."""
 
     def __init__(self, peers: Iterable[str], run: Callable[[list[str], str | None], str],
-                 rate: int = DEFAULT_RATE, burst: int | None = None) -> None:
+                 rate: int = DEFAULT_RATE, burst: int | None = None,
+                 metrics: BackoffCollector | None = None, deadline: float = PEER_DEADLINE) -> None:
         self.addresses = list(dict.fromkeys(peers))
         self.run = run  # (argv, stdin) -> stdout; raises on failure
         self.rate = rate
@@ -145,11 +253,13 @@ class FlowHandover:
         self.error = ""
         self.peers: list[Peer] = []
         self.skipped: list[str] = []
+        self.resolver = PeerResolver(self.addresses, lambda argv: self.run(argv, None),
+                                     backoff_metrics() if metrics is None else metrics, deadline)
 
     def refresh(self, vips: Iterable[str]) -> None:
         if not self.addresses:
             return
-        peers, skipped = resolve_peers(self.addresses, lambda argv: self.run(argv, None))
+        peers, skipped = self.resolver.resolve()
         script = flow_rules(vips, peers, self.rate, self.burst)
         if script == self.applied and time.monotonic() - self.applied_at < REAPPLY:
             return  # unchanged; put back every REAPPLY s all the same (`nft flush ruleset` elsewhere)
@@ -173,8 +283,10 @@ class FlowHandover:
             except Exception as exc:  # noqa: BLE001
                 logs.event(log, "bgpFlowHandoverFailed", str(exc)[:500], logging.ERROR)
             self.applied = ""
+        self.resolver.close()
 
     def status(self) -> dict:
         return {"peers": [p.address for p in self.peers], "skipped": self.skipped, "error": self.error,
+                "peerErrors": self.resolver.errors(),
                 "active": bool(self.applied and self.peers and "dup to" in self.applied),
                 "rate": self.rate, "burst": self.burst}

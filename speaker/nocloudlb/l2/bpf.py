@@ -33,7 +33,11 @@ address, NS/NA with a watched target). Classic BPF has no maps, so the addresses
 one by one (one instruction each, JIT-compiled by the kernel); NAs for answered targets pass too
 (another MAC announcing an address answered here: the wire rule, l2/disagree.py); above ``EXACT_LIMIT`` addresses
 of a family the program falls back to the opcode/type test (every ARP request, every NS), and
-Python's set lookup does the rest. The announcer's own sockets only send: :data:`DROP_ALL`.
+Python's set lookup does the rest. The same fallback is taken when the kernel refuses the exact program
+(issue 21, defect 8): ``SO_ATTACH_FILTER`` charges the program, and while it replaces another both, to the
+socket's option memory, limited by ``net.core.optmem_max`` (20 KB before Linux 6.7, 128 KB since; per network
+namespace since 6.9); a larger one fails with ENOMEM. The responder then attaches this small program, reports it
+once and in ``filterFallback``, and goes on answering. The announcer's own sockets only send: :data:`DROP_ALL`.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ ETH_P_ALL = 0x0003
 ETH_P_ARP = 0x0806
 ETH_P_IPV6 = 0x86DD
 SO_ATTACH_FILTER = 26
+SO_DETACH_FILTER = 27
 SOL_PACKET = 263
 PACKET_ADD_MEMBERSHIP = 1
 PACKET_DROP_MEMBERSHIP = 2
@@ -248,6 +253,11 @@ def attach_filter(sock: socket.socket, program: Sequence[Insn] = ARP_NDP_PROGRAM
     # struct sock_fprog { unsigned short len; struct sock_filter *filter; } (padding before the pointer)
     fprog = struct.pack("HL", len(program), ctypes.addressof(buf))
     sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, fprog)
+
+
+def detach_filter(sock: socket.socket) -> None:
+    """Remove the socket's filter (every frame passes until the next attach)."""
+    sock.setsockopt(socket.SOL_SOCKET, SO_DETACH_FILTER, 0)
 
 
 def open_packet_socket(ifname: str, program: Sequence[Insn] = ARP_NDP_PROGRAM) -> socket.socket:

@@ -23,7 +23,11 @@ target), ``{"n": {ip: [received, answered]}, "s": {...}}`` (counters, at most ev
 
 Each interface's socket carries :func:`bpf.answer_program` for the addresses answered there and
 the ones watched, so frames for anybody else stop in the kernel; the filter is re-attached
-at once when an address it does not pass is added, and lazily (0.2 s) after removals.
+at once when an address it does not pass is added, and lazily (0.2 s) after removals. When the kernel
+refuses that program (ENOMEM: larger than ``net.core.optmem_max`` allows, issue 21 defect 8), the port
+falls back to the opcode/type filter (every ARP request, every NS/NA; the set lookups here do the rest),
+reported once per interface (an ``error`` line) and in the stats (``filterFallback``, ``exact`` false):
+many VIPs never make the responder fail to start.
 
 The responder exits when its stdin closes, so it never outlives the daemon (kill -9 included):
 an orphan answering for VIPs the cluster moved elsewhere would be a second owner.
@@ -61,7 +65,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from . import ndp
-from .bpf import ARP_NDP_PROGRAM, answer_program, attach_filter, open_packet_socket
+from .bpf import ARP_NDP_PROGRAM, answer_program, attach_filter, detach_filter, open_packet_socket
 from .lease import ENV as LEASE_ENV
 from .lease import Lease
 
@@ -74,6 +78,15 @@ FLUSH_EVERY = 0.1
 RCVBUF = 4 << 20  # a burst of requests waits in the socket instead of being dropped
 REFILTER_AFTER = 0.2
 CLAIM_EVERY = 0.05
+OPTMEM_MAX = "/proc/sys/net/core/optmem_max"  # per network namespace since Linux 6.9
+
+
+def _optmem_max() -> str:
+    try:
+        with open(OPTMEM_MAX) as f:
+            return f.read().strip()
+    except OSError:
+        return "unknown"
 
 
 @dataclass(eq=False)
@@ -90,6 +103,7 @@ class _Port:
     program: tuple = ()
     rx: int = 0
     answered: int = 0
+    fallback: str = ""  # why the exact filter could not be attached (the opcode/type one is, instead)
 
 
 class Responder:
@@ -109,6 +123,7 @@ class Responder:
         self.reported = 0
         self.claims: dict[bytes, float] = {}  # address -> when another MAC's announcement of it was reported
         self.refilters = 0
+        self.fallbacks_told: set[str] = set()  # interfaces whose filter fallback was reported (once each)
         self.last_flush = 0.0
         self.changed = False
 
@@ -201,16 +216,42 @@ class Responder:
 
     def refilter(self, port: _Port) -> None:
         prog = answer_program(port.answer, self.watch)
-        if prog is ARP_NDP_PROGRAM or prog == ARP_NDP_PROGRAM:
-            passes = senders = None
-        else:
-            passes, senders = set(port.answer), set(self.watch)
+        exact = not (prog is ARP_NDP_PROGRAM or prog == ARP_NDP_PROGRAM)
         if prog != port.program:
-            attach_filter(port.sock, prog)
+            try:
+                attach_filter(port.sock, prog)
+            except OSError as exc:
+                if not exact:
+                    raise
+                self.fall_back(port, exc, len(prog))
+                prog, exact = ARP_NDP_PROGRAM, False
+            else:
+                self.filter_fits(port)
             port.program = prog
             self.refilters += 1
-        port.passes, port.senders = passes, senders
+        port.passes, port.senders = (set(port.answer), set(self.watch)) if exact else (None, None)
         port.dirty = 0.0
+
+    def fall_back(self, port: _Port, exc: OSError, size: int) -> None:
+        """The exact filter does not fit (defect 8, issue 21: ENOMEM above net.core.optmem_max, EINVAL): attach
+        the opcode/type filter instead (every ARP request, every NS/NA; Python's set lookup does the rest) and
+        say so once per interface (the announcer logs it as ``responderError``; ``filterFallback`` in the status)."""
+        if port.program != ARP_NDP_PROGRAM:
+            try:
+                attach_filter(port.sock, ARP_NDP_PROGRAM)  # smaller than any exact one
+            except OSError:  # the old and the new one are charged together while they swap: old one off first
+                detach_filter(port.sock)
+                attach_filter(port.sock, ARP_NDP_PROGRAM)
+        reason = (f"{port.name}: the exact filter ({size} instructions) was refused ({exc.strerror or exc}; "
+                  f"net.core.optmem_max is {_optmem_max()}): every ARP request and NS/NA reaches the responder")
+        if port.name not in self.fallbacks_told:
+            self.fallbacks_told.add(port.name)
+            self.emit({"error": reason})
+        port.fallback = reason
+
+    @staticmethod
+    def filter_fits(port: _Port) -> None:
+        port.fallback = ""
 
     # -- frames -------------------------------------------------------------------------------
     def frames(self, port: _Port) -> None:
@@ -312,6 +353,7 @@ class Responder:
         return {"rx": {p.name: p.rx for p in self.ports.values()},
                 "answered": {p.name: p.answered for p in self.ports.values()},
                 "exact": {p.name: p.passes is not None for p in self.ports.values()},
+                "filterFallback": {p.name: p.fallback for p in self.ports.values() if p.fallback},
                 "reported": self.reported, "refilters": self.refilters, "pid": os.getpid(),
                 "leaseRefused": self.refused}
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 import uuid
 
 import pytest
@@ -89,3 +90,36 @@ def test_the_limit_has_a_burst_and_never_resets(netns):
     assert "ct state invalid goto unknown" in pre and "ct state new goto unknown" in pre
     with pytest.raises(ValueError, match="rate 0"):
         flow_rules(["203.0.113.10"], [], rate=0)
+
+
+def test_a_peer_that_hangs_or_fails_never_delays_or_stops_the_others(netns):
+    # defect 7 (issue 21): one peer's failing `ip` stopped every refresh. Here `ip` hangs for one peer (a
+    # stand-in around the real ip: `sleep` instead) and fails for another (a blackhole route, the real ip)
+    hung, dead = "198.51.100.77", "192.0.2.66"
+    subprocess.run(["ip", "netns", "exec", netns, "ip", "route", "add", "blackhole", f"{dead}/32"], check=True)
+    real = runner(netns)
+    calls: list[str] = []
+
+    def run(argv: list[str], stdin: str | None = None) -> str:
+        if hung in argv:
+            calls.append(hung)
+            return real(["sleep", "3"])
+        return real(argv, stdin)
+
+    handover = FlowHandover([hung, dead, "198.51.100.2"], run, deadline=0.5)
+    t0 = time.monotonic()
+    handover.refresh({"203.0.113.10"})
+    first = time.monotonic() - t0
+    st = handover.status()
+    assert first < 1.5, f"the refresh waited {first:.2f}s for a hung peer"
+    assert st["active"] and st["peers"] == ["198.51.100.2"], st
+    assert set(st["peerErrors"]) == {hung, dead}, st
+    assert "no answer within 0.5s" in st["peerErrors"][hung]["error"]
+    assert "RTNETLINK" in st["peerErrors"][dead]["error"]
+    assert 'dup to 198.51.100.2 device "nlba"' in real(["nft", "list", "ruleset"])
+    t0 = time.monotonic()
+    for _i in range(5):  # while the hung call runs and the dead peer backs off: no wait, no new call
+        handover.refresh({"203.0.113.10", "203.0.113.11"})
+    assert time.monotonic() - t0 < 1.0 and calls == [hung]
+    assert "203.0.113.11" in real(["nft", "list", "ruleset"])
+    handover.clear()
