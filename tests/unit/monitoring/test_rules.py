@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from nocloudlb.backoff import Backoff, backoff_metrics
 from nocloudlb.l2.metrics import l2_metrics
 from nocloudlb.metrics import SpeakerCollector
 from prometheus_client import CollectorRegistry, generate_latest
@@ -35,6 +36,7 @@ def exported() -> set[str]:
             "config_stale": False, "members": {"alive": 3}, "kinship": {"local_health": 0, "probes_sent": 1},
             "conflicts": 0}
     reg.register(SpeakerCollector(lambda: snap))
+    backoff_metrics(reg).add(Backoff("frr-reload")).failed("refused")
     names = set()
     for line in generate_latest(reg).decode().splitlines():
         if line and not line.startswith("#"):
