@@ -201,3 +201,73 @@ def test_forwarding_turned_off_is_turned_on_again(lab):
     assert sorted(requests_to(seg, VIP, 2)) == ["n3", "n4"]
     print(f"\nip_forward turned off: on again after {seconds:.2f} s")
     assert seconds < 1.5
+
+
+VIP6 = "2001:db8:1::200"
+
+# Sends one router advertisement on eth0 (router lifetime 1800 s, no prefix) from this namespace.
+RA_CODE = r"""
+import json, subprocess
+from scapy.all import Ether, ICMPv6ND_RA, ICMPv6NDOptSrcLLAddr, IPv6, get_if_hwaddr, sendp
+links = json.loads(subprocess.run(["ip", "-j", "-6", "addr", "show", "dev", "eth0"], capture_output=True, text=True,
+                                  check=True).stdout)
+ll = next(a["local"] for a in links[0]["addr_info"] if a.get("scope") == "link")
+mac = get_if_hwaddr("eth0")
+sendp(Ether(src=mac, dst="33:33:00:00:00:01") / IPv6(src=ll, dst="ff02::1", hlim=255)
+      / ICMPv6ND_RA(routerlifetime=1800) / ICMPv6NDOptSrcLLAddr(lladdr=mac), iface="eth0", verbose=False)
+print(ll)
+"""
+
+
+def ra_routes(seg, ns: str) -> set[str]:
+    """The default routers ``ns`` learned from router advertisements."""
+    out = seg.run(ns, "ip -6 -j route show default").stdout
+    import json
+
+    found = set()
+    for r in json.loads(out or "[]"):
+        if r.get("protocol") == "ra":
+            found |= {r["gateway"]} if "gateway" in r else {h["gateway"] for h in r.get("nexthops", [])}
+    return found
+
+
+def wait_ll(seg, ns: str) -> None:
+    """Until the link-local address of eth0 is past DAD (an RA from a tentative one is not sent)."""
+    t0 = time.monotonic()
+    while "tentative" in seg.run(ns, "ip -6 addr show dev eth0 scope link").stdout or \
+            "fe80" not in seg.run(ns, "ip -6 addr show dev eth0 scope link").stdout:
+        assert time.monotonic() - t0 < 10
+        time.sleep(0.1)
+
+
+def test_ipv6_forwarding_keeps_the_default_route_learned_from_ra(lab):
+    """Defect 6: turning IPv6 forwarding on for an IPv6 NAT service must not cost a node that takes
+    its default route from router advertisements (accept_ra=1) that route, nor later RAs."""
+    seg, director, _stand_in, _tmp = lab
+    n1, router, router2 = seg.hosts[0].ns, seg.hosts[1].ns, seg.client.ns
+    assert seg.run(n1, "sysctl -n net.ipv6.conf.eth0.accept_ra net.ipv6.conf.all.forwarding").stdout.split() == \
+        ["1", "0"]
+    for ns in (n1, router, router2):
+        wait_ll(seg, ns)
+    gw = seg.python(router, RA_CODE).stdout.strip()
+    t0 = time.monotonic()
+    while ra_routes(seg, n1) != {gw}:
+        assert time.monotonic() - t0 < 5, seg.run(n1, "ip -6 route").stdout
+        time.sleep(0.1)
+    v6 = resources("nat", "rr", servers=["2001:db8:1::13", "2001:db8:1::14"], ports=((80, "TCP"),))
+    v6[0]["spec"]["addresses"] = [f"{VIP6}/125"]
+    v6[2]["status"]["loadBalancer"]["ingress"] = [{"ip": VIP6}]
+    d1 = director(0)
+    d1.apply(v6)
+    st = d1.wait_programmed(lambda st: len([b for b in backends_of(st, vip=VIP6) if b["inTable"]]) == 2)
+    assert seg.run(n1, "sysctl -n net.ipv6.conf.all.forwarding").stdout.strip() == "1"
+    kept = ra_routes(seg, n1)
+    assert kept == {gw}, seg.run(n1, "ip -6 route").stdout  # the default route learned from RA survives
+    assert seg.run(n1, "sysctl -n net.ipv6.conf.eth0.accept_ra").stdout.strip() == "2"
+    assert st["forwarding"]["6"]["on"] and st["forwarding"]["acceptRaFixed"] >= 1, st["forwarding"]
+    gw2 = seg.python(router2, RA_CODE).stdout.strip()  # a new router's advertisement, forwarding on
+    t0 = time.monotonic()
+    while ra_routes(seg, n1) != {gw, gw2}:
+        assert time.monotonic() - t0 < 5, (kept, seg.run(n1, "ip -6 route").stdout)
+        time.sleep(0.1)
+    print(f"\nIPv6 forwarding on: default route via {gw} kept; a new RA accepted after {time.monotonic() - t0:.2f} s")
