@@ -1,17 +1,23 @@
 """The data plane mode: forward each VIP:port to its real servers with nftables (see nft.py).
 
 ``apply`` (decision thread) only records what to program and wakes the worker; the worker
-checks the backends, plans (``nocloudlb.core.backends.dataplane_plan``), renders, and runs one
-``nft -f`` per change. Every node an advertisement selects for a VIP's pool is programmed, not
-only the VIP's leader, so a takeover needs no reprogramming.
+checks the backends, plans (``nocloudlb.core.backends.dataplane_plan``), renders, and programs
+through ``program.Programmer``: one ``nft -f`` transaction per try, so a failure leaves the last
+good tables in place; a plan counts as programmed only once nft accepted it, and a failed try
+is retried with the ``nft`` back-off (``nocloudlb.backoff``) until nft works again. Every node an
+advertisement selects for a VIP's pool is programmed, not only the VIP's leader, so a takeover
+needs no reprogramming.
 
 Backends are checked by a HealthChecker of their own (keys ``ns/name address:port``), with
 the Backends' healthCheck (the ``nocloud.io/health-check`` forms with rise/fall; host = the
 server, port = the check's or the server's). Without a healthCheck a server counts healthy.
 
 Refused here, with the reason in ``status()["services"][key]["refused"]`` and one log event:
-servers off this node's segments for DR and NAT (``check_topology``), and ``tun`` (this
-kernel has no IPIP). A refused service is not forwarded; the others are.
+servers off this node's segments for DR and NAT (``check_topology``), ``tun`` (this kernel has
+no IPIP), and a service whose own rules nft refuses (found by ``Programmer``; it keeps its last
+good rules). A refused service is not forwarded as configured; the others are.
+
+IP forwarding (NAT, full-NAT) is kept on by ``forwarding.Forwarding``, read every second.
 
 ``withdraw_all`` keeps the rules: the data plane announces nothing, and keeping them keeps
 the flows conntrack still tracks when traffic arrives here. ``close`` deletes both tables;
