@@ -215,28 +215,33 @@ class DataplaneMode:
                 event(self.log, "dataplaneFailed", f"cannot delete the tables: {exc}", logging.WARNING)
 
     # -- the worker ----------------------------------------------------------------------
-    def _pause(self) -> float:
+    def _pause(self, quiet_until: float) -> float:
+        now = time.monotonic()
+        if now < quiet_until:
+            return min(TICK, max(0.01, quiet_until - now))
         if self.backoff.backing_off:
             return min(TICK, max(0.01, self.backoff.remaining()))
         return TICK
 
     def _loop(self) -> None:
-        due, last = False, -PERIOD
+        due, last, quiet_until = False, -PERIOD, 0.0
         while not self._stop:
-            woke = self._wake.wait(timeout=self._pause())
+            woke = self._wake.wait(timeout=self._pause(quiet_until))
             self._wake.clear()
             if self._stop:
                 return
             self.forwarding.check()
-            due = due or woke or self.backoff.backing_off or time.monotonic() - last >= PERIOD
-            if not due or not self.backoff.ready():
+            now = time.monotonic()
+            due = due or woke or self.backoff.backing_off or now - last >= PERIOD
+            if not due or not self.backoff.ready() or now < quiet_until:
                 continue
-            due, last = False, time.monotonic()
+            due, last = False, now
             try:
                 self.sync()
             except Exception as exc:  # noqa: BLE001 - one failure never stops the worker
                 self._error = str(exc)
                 event(self.log, "dataplaneFailed", str(exc), logging.ERROR)
+                quiet_until = time.monotonic() + PERIOD  # not ip/nft in a loop: the next try in PERIOD
 
     def sync(self) -> bool:
         """Program what the last ``apply`` asked for; True when nft applied a change."""
