@@ -112,9 +112,10 @@ def resources(method: str, scheduler: str, health: str | None = None, servers: l
 
 
 class Director:
-    def __init__(self, seg, host) -> None:
+    def __init__(self, seg, host, env: dict[str, str] | None = None) -> None:
         self.seg, self.host = seg, host
-        self.proc = seg.popen(host.ns, [sys.executable, "-u", "-c", RUNNER_CODE, host.ns], stdin=subprocess.PIPE)
+        self.proc = seg.popen(host.ns, [sys.executable, "-u", "-c", RUNNER_CODE, host.ns], stdin=subprocess.PIPE,
+                              env=env)
         first = self._read()
         assert first.get("ready"), first
 
@@ -258,3 +259,129 @@ for line in sys.stdin:
     except OSError as exc:
         print("error " + type(exc).__name__, flush=True)
 """
+
+
+STAND_IN = r"""#!/bin/sh
+# A stand-in for nft (tests only): runs the real one unless a file in CTL says otherwise.
+#   CTL/fail     every run fails (exit 1), as a broken nft would
+#   CTL/match    a script holding one of its lines fails, checks (-c) too: nft refusing those rules
+#   CTL/garbage  -j prints junk and exits 0; -f runs the real nft, then prints junk on stdout
+CTL=@CTL@
+REAL=@REAL@
+echo "$(date +%s.%N) $*" >> "$CTL/calls"
+if [ -e "$CTL/fail" ]; then echo "stand-in: nft fails on command" >&2; exit 1; fi
+case " $* " in *" -f "*) script=$(cat);; *) script="";; esac
+if [ -e "$CTL/match" ] && printf '%s\n' "$script" | grep -qF -f "$CTL/match"; then
+    echo "/dev/stdin:1:1-9: Error: stand-in refuses a rule naming $(head -n1 "$CTL/match")" >&2
+    exit 1
+fi
+if [ -e "$CTL/garbage" ]; then
+    case " $* " in *" -j "*) echo '{"nftables": [{"counter": {"name": 12'; echo 'Segmentation fault?'; exit 0;; esac
+    if [ -n "$script" ]; then printf '%s\n' "$script" | "$REAL" "$@"; else "$REAL" "$@"; fi
+    rc=$?
+    echo "@@@ junk ~~~ 0x1f"
+    exit $rc
+fi
+if [ -n "$script" ]; then printf '%s\n' "$script" | exec "$REAL" "$@"; fi
+exec "$REAL" "$@"
+"""
+
+
+class NftStandIn:
+    """A directory holding the ``nft`` stand-in; ``env`` puts it first on PATH for a Director."""
+
+    def __init__(self, root: str) -> None:
+        import shutil
+
+        self.dir = os.path.join(root, "nft-stand-in")
+        os.makedirs(self.dir, exist_ok=True)
+        real = shutil.which("nft")
+        assert real, "nft is not installed"
+        path = os.path.join(self.dir, "nft")
+        with open(path, "w") as f:
+            f.write(STAND_IN.replace("@CTL@", self.dir).replace("@REAL@", real))
+        os.chmod(path, 0o755)
+        self.env = {"PATH": self.dir + os.pathsep + os.environ.get("PATH", "")}
+
+    def _set(self, name: str, text: str = "") -> None:
+        for other in ("fail", "match", "garbage"):
+            if other != name and os.path.exists(os.path.join(self.dir, other)):
+                os.unlink(os.path.join(self.dir, other))
+        if name:
+            with open(os.path.join(self.dir, name), "w") as f:
+                f.write(text + "\n" if text else "")
+
+    def fail(self) -> None:
+        self._set("fail")
+
+    def refuse(self, text: str) -> None:
+        self._set("match", text)
+
+    def garbage(self) -> None:
+        self._set("garbage")
+
+    def works(self) -> None:
+        self._set("")
+
+    def calls(self, since: float = 0.0, until: float = 1e12, flag: str = "-f") -> int:
+        """Runs since ``since`` (time.time()) whose arguments hold ``flag``."""
+        try:
+            with open(os.path.join(self.dir, "calls")) as f:
+                rows = [line.split(" ", 1) for line in f.read().splitlines()]
+        except FileNotFoundError:
+            return 0
+        return len([r for r in rows if since <= float(r[0]) <= until and flag in r[1].split()])
+
+
+def service(name: str, vip: str, method: str, scheduler: str, servers: list, **extra) -> list[dict]:
+    """Another Service + Backends pair (the pool and L2Advertisement come from ``resources``)."""
+    docs = resources(method, scheduler, servers=servers, ports=((80, "TCP"),), **extra)[2:]
+    for d in docs:
+        d["metadata"]["name"] = name
+    docs[0]["status"]["loadBalancer"]["ingress"] = [{"ip": vip}]
+    return docs
+
+
+def route_vip(seg, vip: str, director) -> None:
+    """The client reaches ``vip`` on its wire through ``director`` (route and static neighbour)."""
+    seg.run(seg.client.ns, f"ip route replace {vip}/32 dev eth0 src {CLIENT} && "
+                           f"ip neigh replace {vip} lladdr {director.mac} dev eth0 nud permanent")
+
+
+# A client that opens TCP connections to VIP:80 one after the other until STOPFILE exists, each
+# with a 1 s timeout, and prints {"ok": n, "failed": n, "failures": [[t, why], ...], "by": {name: n}}.
+LOOP_CODE = r"""
+import json, os, socket, sys, time
+vip, stop = sys.argv[1], sys.argv[2]
+ok, failures, by = 0, [], {}
+while not os.path.exists(stop):
+    s = socket.socket()
+    s.settimeout(1.0)
+    try:
+        s.connect((vip, 80))
+        s.sendall(b"hi\n")
+        name = s.recv(100).decode().split()[0]
+        ok += 1
+        by[name] = by.get(name, 0) + 1
+    except (OSError, IndexError) as exc:
+        failures.append([time.time(), type(exc).__name__])
+    finally:
+        s.close()
+    time.sleep(0.01)
+print(json.dumps({"ok": ok, "failed": len(failures), "failures": failures, "by": by}), flush=True)
+"""
+
+
+class ClientLoop:
+    """LOOP_CODE in the client namespace; ``stop()`` returns its summary."""
+
+    def __init__(self, seg, vip: str, root: str) -> None:
+        self.seg = seg
+        self.stopfile = os.path.join(root, f"stop-{vip}")
+        self.proc = seg.popen(seg.client.ns, [sys.executable, "-u", "-c", LOOP_CODE, vip, self.stopfile])
+
+    def stop(self) -> dict:
+        with open(self.stopfile, "w"):
+            pass
+        out, _err = self.proc.communicate(timeout=15)
+        return json.loads(out.strip().splitlines()[-1])

@@ -1,17 +1,23 @@
 """The data plane mode: forward each VIP:port to its real servers with nftables (see nft.py).
 
 ``apply`` (decision thread) only records what to program and wakes the worker; the worker
-checks the backends, plans (``nocloudlb.core.backends.dataplane_plan``), renders, and runs one
-``nft -f`` per change. Every node an advertisement selects for a VIP's pool is programmed, not
-only the VIP's leader, so a takeover needs no reprogramming.
+checks the backends, plans (``nocloudlb.core.backends.dataplane_plan``), renders, and programs
+through ``program.Programmer``: one ``nft -f`` transaction per try, so a failure leaves the last
+good tables in place; a plan counts as programmed only once nft accepted it, and a failed try
+is retried with the ``nft`` back-off (``nocloudlb.backoff``) until nft works again. Every node an
+advertisement selects for a VIP's pool is programmed, not only the VIP's leader, so a takeover
+needs no reprogramming.
 
 Backends are checked by a HealthChecker of their own (keys ``ns/name address:port``), with
 the Backends' healthCheck (the ``nocloud.io/health-check`` forms with rise/fall; host = the
 server, port = the check's or the server's). Without a healthCheck a server counts healthy.
 
 Refused here, with the reason in ``status()["services"][key]["refused"]`` and one log event:
-servers off this node's segments for DR and NAT (``check_topology``), and ``tun`` (this
-kernel has no IPIP). A refused service is not forwarded; the others are.
+servers off this node's segments for DR and NAT (``check_topology``), ``tun`` (this kernel has
+no IPIP), and a service whose own rules nft refuses (found by ``Programmer``; it keeps its last
+good rules). A refused service is not forwarded as configured; the others are.
+
+IP forwarding (NAT, full-NAT) is kept on by ``forwarding.Forwarding``, read every second.
 
 ``withdraw_all`` keeps the rules: the data plane announces nothing, and keeping them keeps
 the flows conntrack still tracks when traffic arrives here. ``close`` deletes both tables;
@@ -35,9 +41,13 @@ from prometheus_client.registry import Collector
 
 from nocloudlb.core.backends import Rule, check_topology, dataplane_plan
 
+from ..backoff import Backoff, backoff_metrics
 from ..health import CheckSpec, HealthChecker
 from ..logs import event
 from . import nft
+from .forwarding import Forwarding
+from .program import Programmer
+from .tool import NftError, NftTool
 
 log = logging.getLogger("nocloudlb.dataplane")
 
@@ -99,11 +109,16 @@ def eligible_vips(me: str, nodes: list[Any], parsed: Any) -> set[str]:
     return out
 
 
+TICK = 1.0  # the forwarding switches are read this often
+PERIOD = 5.0  # a sync without any wake-up this often (interfaces, refused services' retry)
+
+
 class DataplaneMode:
     name = "dataplane"
 
     def __init__(self, logger: logging.Logger | None = None, nft_path: str | None = None,
-                 interfaces: Any = local_interfaces, registry: Any = REGISTRY) -> None:
+                 interfaces: Any = local_interfaces, registry: Any = REGISTRY,
+                 sysctl_root: str = "/proc/sys/net") -> None:
         self.log = logger or log
         self.nft = nft_path or shutil.which("nft") or ""
         self._interfaces = interfaces
@@ -114,14 +129,16 @@ class DataplaneMode:
         self._stop = False
         self._thread: threading.Thread | None = None
         self._want: tuple[str, list[Any], Any] | None = None
-        self._rendered: nft.Rendered | None = None
-        self._script = ""
-        self._rules: list[Rule] = []
-        self._refused: dict[str, str] = {}
+        self._rules: list[Rule] = []  # what the tables hold
+        self._refused: dict[str, str] = {}  # refused before nft (topology, tun)
         self._error = ""
         self._updates = 0
         self._last_seconds = 0.0
         self._checks: dict[str, CheckSpec | None] = {}
+        self.tool = NftTool(self.nft, self.log)
+        self.backoff = Backoff(tool="nft", base=0.4, factor=2.0, ceiling=1.6)
+        self.program = Programmer(self.tool, self.log, self.backoff)
+        self.forwarding = Forwarding(self.log, sysctl_root)
         self.health: HealthChecker | None = None
         self.available = False
 
@@ -129,12 +146,14 @@ class DataplaneMode:
     def start(self) -> None:
         if not self.nft:
             raise RuntimeError("dataplane: the nft command (package nftables) is missing")
-        self._run(nft.base_script())  # replaces what a crashed run left; raises: start fails closed
+        self.tool.path = self.nft
+        self.tool.apply(nft.base_script())  # replaces what a crashed run left; raises: start fails closed
         self.available = True
         self.health = HealthChecker(self._wake.set, logging.getLogger("nocloudlb.dataplane.health"))
         if self._registry is not None:
             self._collector = _Collector(self)
             self._registry.register(self._collector)
+            backoff_metrics(self._registry).add(self.backoff)
         self._thread = threading.Thread(target=self._loop, name="dataplane", daemon=True)
         self._thread.start()
 
@@ -160,11 +179,21 @@ class DataplaneMode:
                                      "bytes": c.get("bytes", 0)})
                 svc["rules"].append({"vip": r.vip, "protocol": r.protocol, "port": r.port,
                                      "slots": len(r.slots), "backends": backends})
-            for key, why in self._refused.items():
+            for key, why in self.refused().items():
                 services.setdefault(key, {})["refused"] = why
             return {"available": self.available, "error": self._error, "updates": self._updates,
                     "lastUpdateSeconds": round(self._last_seconds, 4), "services": services,
+                    **self.program.status(),
+                    "nft": {"runs": self.tool.runs, "unexpectedOutput": self.tool.unexpected},
+                    "forwarding": self.forwarding.status(),
                     "health": self.health.status() if self.health else {}}
+
+    def refused(self) -> dict[str, str]:
+        """service -> why it is not forwarded as configured (topology, tun, or nft refusing its rules)."""
+        out = dict(self._refused)
+        for key, h in list(self.program.held.items()):
+            out.setdefault(key, f"nft refuses its rules: {h.reason}")
+        return out
 
     def close(self) -> None:
         self._stop = True
@@ -181,31 +210,41 @@ class DataplaneMode:
         if self.available:
             self.available = False
             try:
-                self._run(f"delete table inet {nft.TABLE}\ndelete table netdev {nft.DR_TABLE}\n")
-            except (OSError, RuntimeError, subprocess.TimeoutExpired) as exc:
+                self.tool.apply(f"delete table inet {nft.TABLE}\ndelete table netdev {nft.DR_TABLE}\n")
+            except NftError as exc:
                 event(self.log, "dataplaneFailed", f"cannot delete the tables: {exc}", logging.WARNING)
 
     # -- the worker ----------------------------------------------------------------------
-    def _run(self, script: str) -> None:
-        proc = subprocess.run([self.nft, "-f", "-"], input=script, capture_output=True, text=True, timeout=30,
-                              check=False)
-        if proc.returncode != 0:
-            raise RuntimeError(proc.stderr.strip() or f"nft exited with {proc.returncode}")
+    def _pause(self, quiet_until: float) -> float:
+        now = time.monotonic()
+        if now < quiet_until:
+            return min(TICK, max(0.01, quiet_until - now))
+        if self.backoff.backing_off:
+            return min(TICK, max(0.01, self.backoff.remaining()))
+        return TICK
 
     def _loop(self) -> None:
+        due, last, quiet_until = False, -PERIOD, 0.0
         while not self._stop:
-            self._wake.wait(timeout=5.0)
+            woke = self._wake.wait(timeout=self._pause(quiet_until))
             self._wake.clear()
             if self._stop:
                 return
+            self.forwarding.check()
+            now = time.monotonic()
+            due = due or woke or self.backoff.backing_off or now - last >= PERIOD
+            if not due or not self.backoff.ready() or now < quiet_until:
+                continue
+            due, last = False, now
             try:
                 self.sync()
             except Exception as exc:  # noqa: BLE001 - one failure never stops the worker
                 self._error = str(exc)
                 event(self.log, "dataplaneFailed", str(exc), logging.ERROR)
+                quiet_until = time.monotonic() + PERIOD  # not ip/nft in a loop: the next try in PERIOD
 
     def sync(self) -> bool:
-        """Program what the last ``apply`` asked for; True when nft ran."""
+        """Program what the last ``apply`` asked for; True when nft applied a change."""
         with self._lock:
             want = self._want
         if want is None or self.health is None:
@@ -216,62 +255,26 @@ class DataplaneMode:
             self.health.configure(checks)
             self._checks = checks
         ifaces = self._interfaces()
-        refused: dict[str, str] = {}
-        for b in getattr(parsed, "backends", {}).values():
-            if b.method == "tun":
-                refused[b.key] = ("method tun needs IP-in-IP (the ipip kernel module), which this data plane does "
-                                  "not program: use dr, nat or fullnat")
-        prefixes = [p for _i, ps in ifaces.values() for p in ps]
-        for problem in check_topology(getattr(parsed, "backends", {}).values(), prefixes):
-            key = problem.split('"', 2)[1]
-            refused.setdefault(key, problem)
-        healthy = self.health.healthy()
-        vips = eligible_vips(me, nodes, parsed)
-        rules = [r for r in dataplane_plan(parsed, healthy) if r.vip in vips and r.service not in refused]
+        refused = refusals(parsed, ifaces)
         for key, why in refused.items():
             if self._refused.get(key) != why:
                 event(self.log, "backendsRefused", why, logging.ERROR, service=key)
-        self._forwarding(rules)
-        rendered = nft.render(rules, ifaces, self._rendered)
+        vips = eligible_vips(me, nodes, parsed)
+        rules = [r for r in dataplane_plan(parsed, self.health.healthy()) if r.vip in vips and r.service not in refused]
+        self.forwarding.need = {r.family for r in rules if r.method in ("nat", "fullnat")}
+        self.forwarding.check(sweep=True)
+        t0 = time.monotonic()
+        ran = self.program.program(rules, ifaces)
         with self._lock:
             self._refused = refused
-            self._rules = rules
-        if not rendered.script:  # nothing changed
-            return False
-        t0 = time.monotonic()
-        try:
-            self._run(rendered.script)
-        except (OSError, RuntimeError, subprocess.TimeoutExpired) as exc:
-            # the tables may be gone (nft flush ruleset) or a device vanished: start over, once
-            event(self.log, "dataplaneRetry", str(exc), logging.WARNING)
-            self._run(nft.base_script())
-            rendered = nft.render(rules, ifaces, None)
-            self._run(rendered.script)
-        self._last_seconds = time.monotonic() - t0
-        self._rendered, self._script = rendered, rendered.script
-        self._updates += 1
-        self._error = ""
-        event(self.log, "dataplaneUpdated", rules=len(rules), seconds=round(self._last_seconds, 4),
-              healthy=len([t for r in rules for t in r.targets if t.healthy]))
-        return True
-
-    _forwarding_set: set[int] = set()
-
-    def _forwarding(self, rules: list[Rule]) -> None:
-        """NAT and full-NAT route the packets they rewrite: turn IP forwarding on once it is needed."""
-        need = {r.family for r in rules if r.method in ("nat", "fullnat")}
-        for v in sorted(need - self._forwarding_set):
-            path = "/proc/sys/net/ipv4/ip_forward" if v == 4 else "/proc/sys/net/ipv6/conf/all/forwarding"
-            try:
-                with open(path, encoding="ascii") as f:
-                    on = f.read().strip() == "1"
-                if not on:
-                    with open(path, "w", encoding="ascii") as f:
-                        f.write("1\n")
-                    event(self.log, "forwardingEnabled", f"{path} = 1 for NAT/full-NAT", ipVersion=v)
-                self._forwarding_set = self._forwarding_set | {v}
-            except OSError as exc:
-                event(self.log, "dataplaneFailed", f"cannot enable forwarding ({path}): {exc}", logging.ERROR)
+            self._rules = list(self.program.rules)
+            self._error = self.program.error
+        if ran:
+            self._last_seconds = time.monotonic() - t0
+            self._updates += 1
+            event(self.log, "dataplaneUpdated", rules=len(self._rules), seconds=round(self._last_seconds, 4),
+                  healthy=len([t for r in self._rules for t in r.targets if t.healthy]))
+        return ran
 
     def counters(self) -> dict[str, dict[str, int]]:
         """Counter name -> {packets, bytes}, read now from both tables ({} when unavailable)."""
@@ -279,19 +282,29 @@ class DataplaneMode:
             return {}
         out: dict[str, dict[str, int]] = {}
         for fam, table in (("inet", nft.TABLE), ("netdev", nft.DR_TABLE)):
-            proc = subprocess.run([self.nft, "-j", "list", "counters", "table", fam, table], capture_output=True,
-                                  text=True, timeout=10, check=False)
-            if proc.returncode != 0:
-                continue
-            for item in json.loads(proc.stdout or "{}").get("nftables", []):
-                c = item.get("counter")
-                if c:
-                    out[c["name"]] = {"packets": int(c.get("packets", 0)), "bytes": int(c.get("bytes", 0))}
+            out.update(self.tool.counters(fam, table))
         return out
 
 
+def refusals(parsed: Any, ifaces: dict[str, tuple[int, list[str]]]) -> dict[str, str]:
+    """Services refused before nft: ``tun``, and DR/NAT servers off this node's segments."""
+    refused: dict[str, str] = {}
+    for b in getattr(parsed, "backends", {}).values():
+        if b.method == "tun":
+            refused[b.key] = ("method tun needs IP-in-IP (the ipip kernel module), which this data plane does "
+                              "not program: use dr, nat or fullnat")
+    prefixes = [p for _i, ps in ifaces.values() for p in ps]
+    for problem in check_topology(getattr(parsed, "backends", {}).values(), prefixes):
+        key = problem.split('"', 2)[1]
+        refused.setdefault(key, problem)
+    return refused
+
+
 class _Collector(Collector):
-    """``nocloudlb_dataplane_backend_{packets,bytes}_total`` and ``..._backend_healthy`` per backend."""
+    """``nocloudlb_dataplane_backend_{packets,bytes}_total`` and ``..._backend_healthy`` per backend;
+    ``nocloudlb_dataplane_programmed_bool`` (the tables hold the plan), ``..._services_refused``,
+    ``..._nft_unexpected_output_total``, ``..._forwarding_reasserted_total{ip_version}``. The back-off
+    of nft is ``nocloudlb_backoff_*{tool="nft"}`` (nocloudlb.backoff)."""
 
     def __init__(self, mode: DataplaneMode) -> None:
         self.mode = mode
@@ -318,3 +331,19 @@ class _Collector(Collector):
         yield packets
         yield octets
         yield healthy
+        yield from self._state()
+
+    def _state(self) -> Iterator[Any]:
+        mode = self.mode
+        programmed = 1 if mode.program.status()["programmed"] else 0
+        yield GaugeMetricFamily("nocloudlb_dataplane_programmed_bool", "1 when the tables hold the plan (0: nft "
+                                "failing, the last good tables in place)", value=programmed)
+        yield GaugeMetricFamily("nocloudlb_dataplane_services_refused", "Services with Backends not forwarded as "
+                                "configured (topology, tun, nft refusing their rules)", value=len(mode.refused()))
+        yield CounterMetricFamily("nocloudlb_dataplane_nft_unexpected_output", "nft runs that printed what nft does "
+                                  "not print (ignored: the exit status decides)", value=mode.tool.unexpected)
+        again = CounterMetricFamily("nocloudlb_dataplane_forwarding_reasserted", "IP forwarding found off (turned "
+                                    "off by someone else) and turned on again", labels=["ip_version"])
+        for v in (4, 6):
+            again.add_metric([str(v)], mode.forwarding.reasserted[v])
+        yield again
