@@ -531,7 +531,7 @@ def test_drain_right_after_the_session_comes_up_leaves_no_stale_route(blab, mode
     (10 here; the documented run uses 100)."""
     reps = int(os.environ.get("NOCLOUDLB_DRAIN_REPS", "10"))
     stale, repairs, ages = 0, 0, []
-    for _ in range(reps):
+    for _rep in range(reps):
         apply(modes, docs())
         modes["n1"].frr.exec_vty("clear bgp 198.51.100.1")  # a new session
         assert wait_for(lambda: session(blab, N1).get("state") != "Established", 10, step=0.01)

@@ -23,7 +23,9 @@ RULES = MON / "prometheus" / "nocloudlb.rules.yml"
 NAME = re.compile(r"\b(nocloudlb_[a-z0-9_]+|up)\b(?!\s*\()")
 # written by monitoring/vip-probe.yml (checked below), and BGP mode's session gauge, which
 # mirrors MetalLB's metallb_bgp_session_up and lands with the BGP speaker
-OTHER_SOURCES = {"nocloudlb_vip_answering_macs": MON / "vip-probe.yml"}
+OTHER_SOURCES = {"nocloudlb_vip_answering_macs": MON / "vip-probe.yml",
+                 # the data plane's collector needs nft and its tables (tests/netns reads it)
+                 "nocloudlb_dataplane_services_refused": ROOT / "speaker" / "nocloudlb" / "dataplane" / "mode.py"}
 PENDING = {"nocloudlb_bgp_session_up"}
 
 

@@ -25,7 +25,7 @@ def run(rounds: list[set[str]], clock: Clock | None = None, step: float = 0.5) -
     acts: list[tuple[int, Diff]] = []
     rec = Reconciler(lambda view: next(answers), lambda view, level, found: acts.append((level, found)),
                      clock=clock)
-    for _ in rounds:
+    for _answer in rounds:
         rec.check([VIEW])
         clock.now += step
     return acts
@@ -107,6 +107,6 @@ def test_a_young_session_counts_only_what_should_not_be_there():
     acts: list[tuple[int, Diff]] = []
     answers = iter([set(), set(), {"203.0.113.11/32"}, {"203.0.113.11/32"}])
     rec = Reconciler(lambda view: next(answers), lambda view, level, found: acts.append((level, found)))
-    for _ in range(4):
+    for _check in range(4):
         rec.check([young])
     assert acts == [(1, Diff(extra=frozenset({"203.0.113.11/32"})))]
