@@ -524,12 +524,16 @@ def _answers(frr) -> bool:
         return False
 
 
+DRAIN_REPS = int(os.environ.get("NOCLOUDLB_DRAIN_REPS", "10"))
+
+
+@pytest.mark.timeout(120 + 10 * DRAIN_REPS)
 def test_drain_right_after_the_session_comes_up_leaves_no_stale_route(blab, modes):
     """Defect 4: FRR 8.4 could lose a withdrawal made in a session's first second (the router kept
     the route 15 s and more). The reconcile compares bgpd's advertisements with the decision and
     repairs: 2 s after each drain the router holds no route of n1. NOCLOUDLB_DRAIN_REPS repetitions
     (10 here; the documented run uses 100)."""
-    reps = int(os.environ.get("NOCLOUDLB_DRAIN_REPS", "10"))
+    reps = DRAIN_REPS
     stale, repairs, ages = 0, 0, []
     for _rep in range(reps):
         apply(modes, docs())
