@@ -161,7 +161,8 @@ def header(st: dict[str, Any], paint: Paint) -> str:
         lines.append(paint(f"gossip error: {ml['error']}", "31"))
     for err in cfg.get("errors", []):
         lines.append(paint(f"config refused, running the last good one: {err}", "31"))
-    lines += [paint(line, "31") for line in backoff_lines(st.get("modes") or {})]
+    tools = dict(st.get("modes") or {}, health=st.get("health") or {})
+    lines += [paint(line, "31") for line in backoff_lines(tools)]
     fail = st.get("failClosed") or {}
     if fail.get("reason"):
         lines.append(paint(f"fail closed since {fail.get('since') or '?'}: this node publishes itself drained: "

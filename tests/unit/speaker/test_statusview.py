@@ -71,3 +71,21 @@ def test_a_member_that_cannot_be_asked_makes_an_unanswered_vip_unknown():
     assert v["vips"][0]["verdict"] == "unknown"
     assert [(m["name"], m["reachable"]) for m in v["members"]] == [("n1", False), ("n2", True), ("n3", False)]
     assert "no: timed out" in sv.render_cluster(v, sv.Paint(False))
+
+
+def test_header_names_every_tool_that_backs_off():
+    from nocloudlb.statusview import backoff_lines
+
+    modes = {"bgp": {"frr": {"healthy": False, "error": "bgpd: no answer within 0.35 s"},
+                     "config": {"reload": {"state": "backoff", "failures": 3, "failuresTotal": 3,
+                                           "error": "frr-reload --test refused", "nextTrySeconds": 4.2},
+                                "withdraw": {"state": "ok", "failures": 0, "failuresTotal": 0}}},
+             "dataplane": {"backoff": {"state": "backoff", "failures": 2, "failuresTotal": 5, "error": "nft: exit 1",
+                                       "nextTrySeconds": 0.3}},
+             "health": {"prod/web": {"backoff": {"state": "ok"}}}}
+    assert backoff_lines(modes) == [
+        "bgp: bgpd does not answer (bgpd: no answer within 0.35 s): this node's BFD is blocked",
+        "bgp: config.reload failing (3 in a row), next try in 4.2 s: frr-reload --test refused",
+        "dataplane: backoff failing (2 in a row), next try in 0.3 s: nft: exit 1",
+    ]
+    assert backoff_lines({"bgp": {"frr": {"healthy": True}}, "l2": None}) == []
