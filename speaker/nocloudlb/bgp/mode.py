@@ -308,13 +308,18 @@ class BgpMode:
                 logs.event(log, "bgpReconcileFailed", str(exc)[:500], logging.ERROR)
 
     def _reconcile_views(self) -> list[PeerView]:
-        """The peers and families to check now (the caller holds the condition): none while a change
-        is on its way, a tool backs off or bgpd does not answer; only Established sessions."""
-        if (self._healthy is not True or self._desired is None or self._applied is None
-                or self._desired.text != self._applied.text or _any(_minus(self._announced, self._desired.networks))
-                or _any(_minus(self._desired.networks, self._announced))
-                or self.reload_backoff.backing_off or self.withdraw_backoff.backing_off):
+        """The peers and families to check now (the caller holds the condition): none while a
+        withdrawal is on its way or backs off, or bgpd does not answer; only Established sessions.
+
+        While a reload is on its way or fails (backs off), what it would change is no difference
+        yet: only a prefix bgpd advertises without holding its ``network`` line counts (a withdrawal
+        bgpd lost), so a withdrawal is repaired whatever state the reload is in, and a reload that
+        keeps failing never makes the reconcile escalate to a session reset."""
+        if (self._healthy is not True or self._desired is None
+                or _any(_minus(self._announced, self._desired.networks)) or self.withdraw_backoff.backing_off):
             return []
+        pending = (self._applied is None or self._desired.text != self._applied.text
+                   or _any(_minus(self._desired.networks, self._announced)) or self.reload_backoff.backing_off)
         wants = peer_wants(self._decision)
         views = []
         for p in self._decision.peers:
@@ -325,8 +330,10 @@ class BgpMode:
             settled = _count(session.get("uptimeMsec")) >= self.reconcile_settle * 1000
             for fam in peer_families(p):
                 want = frozenset() if self._withdrawn else frozenset(wants.get(p.name, {}).get(fam, ()))
-                views.append(PeerView(p.name, p.address or p.interface, p.vrf, p.my_asn, fam, want,
-                                      frozenset(nets.get(fam, ())), missing_counts=settled))
+                held = frozenset(nets.get(fam, ()))
+                views.append(PeerView(p.name, p.address or p.interface, p.vrf, p.my_asn, fam,
+                                      want | held if pending else want, held,
+                                      missing_counts=settled and not pending))
         return views
 
     def _advertised(self, view: PeerView) -> set[str]:
