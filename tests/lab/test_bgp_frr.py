@@ -644,3 +644,86 @@ def test_forwarding_stays_on_under_the_data_plane_across_reloads(blab, modes):
         assert forwarding(blab, "n1") == "1"
     finally:
         blab.exec("n1", ["sysctl", "-qw", "net.ipv4.ip_forward=0"])
+
+
+# -- bad input from the router: a session reset, a prefix refused --------------------------------
+N2 = "198.51.100.12"
+
+
+def test_a_router_that_resets_the_session_is_counted_and_concerns_nothing_else(blab, modes, caplog):
+    """Bad input: the router resets n1's session three times. Each reset is logged with the peer
+    (sessionDown) and counted (``sessionDowns`` in the status, nocloudlb_bgp_session_down_total);
+    n1's routes come back after each; n2's route is never withdrawn meanwhile, and the reconcile
+    repairs nothing (a reset is no difference between bgpd and the decision)."""
+    caplog.set_level("INFO", logger="nocloudlb.bgp")
+    apply(modes, docs(services=("web", "api")))
+    assert wait_for(lambda: next_hops(blab, VIP) == {N1, N2} and next_hops(blab, API) == {N1, N2}, 30)
+    counter = modes["n1"].metrics["session_down"].labels("r1")
+    counted = counter._value.get()
+    repairs = sum(modes["n1"].status()["reconcile"]["repairs"].values())
+    n2_missing = samples = 0
+    back = []
+    first = {h: m.status()["peers"][0]["sessionDowns"] for h, m in modes.items()}
+    for i in range(3):
+        assert wait_for(lambda: session(blab, N1).get("peerUptimeMsec", 0) >= 1000, 30)
+        blab.exec("r1", ["vtysh", "-c", f"clear bgp {N1}"], timeout=30)
+        t0 = time.monotonic()
+        want = first["n1"] + i + 1
+        assert wait_for(lambda: modes["n1"].status()["peers"][0]["sessionDowns"] == want, 10, step=0.02)  # noqa: B023
+        while time.monotonic() < t0 + 30 and not (router_has(blab, VIP) and router_has(blab, API)):
+            samples += 1
+            n2_missing += N2 not in next_hops(blab, VIP) or N2 not in next_hops(blab, API)
+            time.sleep(0.05)
+        back.append(round(time.monotonic() - t0, 2))
+        assert router_has(blab, VIP) and router_has(blab, API), (next_hops(blab, VIP), next_hops(blab, API))
+    time.sleep(1.0)  # a reconcile round or two over the new sessions
+    events = [r for r in caplog.records if getattr(r, "event", "") == "sessionDown"
+              and r.fields.get("peer") == "r1" and r.fields.get("node") == "n1"]
+    status = modes["n1"].status()
+    print(f"ROUTER RESETS: 3 resets of n1's session; n1's routes back after {back} s; n2's next hop missing in "
+          f"{n2_missing} of {samples} samples; sessionDown events {len(events)}; counter +"
+          f"{counter._value.get() - counted:g}; reconcile repairs +"
+          f"{sum(status['reconcile']['repairs'].values()) - repairs}")
+    assert n2_missing == 0 and samples > 0
+    assert len(events) == 3 and status["peers"][0]["sessionDowns"] - first["n1"] == 3
+    assert counter._value.get() - counted == 3  # n2's mode counts into the same (unregistered) counter: none
+    assert modes["n2"].status()["peers"][0]["sessionDowns"] == first["n2"]
+    assert sum(status["reconcile"]["repairs"].values()) == repairs, status["reconcile"]
+
+
+REFUSE = ["configure terminal", f"ip prefix-list nlb-refuse seq 5 deny {API}/32",
+          "ip prefix-list nlb-refuse seq 10 permit 0.0.0.0/0 le 32", "router bgp 64500",
+          "address-family ipv4 unicast", "neighbor nodes prefix-list nlb-refuse in"]
+ACCEPT = ["configure terminal", "router bgp 64500", "address-family ipv4 unicast",
+          "no neighbor nodes prefix-list nlb-refuse in", "exit-address-family", "exit",
+          "no ip prefix-list nlb-refuse"]
+
+
+def test_a_router_that_refuses_a_prefix_changes_nothing_on_the_node(blab, modes):
+    """Bad input: the router's inbound filter refuses one VIP. What a router does with a route
+    after it received it is not visible to bgpd on the node (its Adj-RIB-Out is right), so the
+    speaker neither repairs nor withdraws anything: the other VIP stays at the router through both
+    nodes, the refused one comes back as soon as the router accepts it again (route refresh)."""
+    apply(modes, docs(services=("web", "api")))
+    assert wait_for(lambda: next_hops(blab, VIP) == {N1, N2} and next_hops(blab, API) == {N1, N2}, 30)
+    repairs = sum(modes["n1"].status()["reconcile"]["repairs"].values())
+    try:
+        blab.exec("r1", ["vtysh"] + [a for line in REFUSE for a in ("-c", line)], timeout=30)
+        blab.exec("r1", ["vtysh", "-c", "clear bgp * soft in"], timeout=30)
+        assert wait_for(lambda: not next_hops(blab, API), 10), next_hops(blab, API)
+        samples = missing = 0
+        t_end = time.monotonic() + 3.0  # several reconcile rounds
+        while time.monotonic() < t_end:
+            samples += 1
+            missing += next_hops(blab, VIP) != {N1, N2}
+            time.sleep(0.05)
+        status = modes["n1"].status()
+        assert missing == 0, (missing, samples)
+        assert sum(status["reconcile"]["repairs"].values()) == repairs, status["reconcile"]
+        assert status["bgpVips"][API]["announcing"] and status["peers"][0]["state"] == "Established"
+    finally:
+        blab.exec("r1", ["vtysh"] + [a for line in ACCEPT for a in ("-c", line)], timeout=30, check=False)
+        blab.exec("r1", ["vtysh", "-c", "clear bgp * soft in"], timeout=30, check=False)
+    assert wait_for(lambda: next_hops(blab, API) == {N1, N2}, 10), next_hops(blab, API)
+    print(f"ROUTER REFUSES {API}: {VIP} at the router through both nodes in {samples} of {samples} samples over "
+          "3 s; 0 reconcile repairs; accepted again after a route refresh")

@@ -83,6 +83,8 @@ def bgp_metrics(registry: CollectorRegistry | None = REGISTRY) -> dict[str, Any]
                                      registry=registry),
             "repairs": Counter("nocloudlb_bgp_reconcile_repairs", "Differences found between what bgpd "
                                "advertised to a peer and the decision, and repaired", ["peer"], registry=registry),
+            "session_down": Counter("nocloudlb_bgp_session_down", "Established BGP sessions that went down "
+                                    "(a reset by either side, a hold timer, BFD)", ["peer"], registry=registry),
         }
     return _metrics[key]
 
@@ -228,6 +230,7 @@ class BgpMode:
                 peers.append({"name": p.name, "address": p.address or p.interface, "vrf": p.vrf, "myASN": p.my_asn,
                               "peerASN": p.peer_asn or p.dynamic_asn, "state": s.get("state", "unknown"),
                               "uptimeMsec": s.get("uptimeMsec", 0), "prefixesSent": s.get("prefixesSent", 0),
+                              "sessionDowns": s.get("downs", 0),
                               "bfd": p.bfd_profile, "routes": routes.get(p.name, [])})
             pending = self._desired is not None and (self._applied is None or self._desired.text != self._applied.text
                                                      or _any(_minus(self._desired.networks, self._announced)))
@@ -700,9 +703,13 @@ class BgpMode:
             sessions[p.name] = s
             up = s["state"] == "Established"
             was = prev.get("state") == "Established"
+            s["downs"] = prev.get("downs", 0) + (1 if was and not up else 0)
             if up != was and (prev or up):
+                if was:
+                    self.metrics["session_down"].labels(p.name).inc()
                 logs.event(log, "sessionUp" if up else "sessionDown", peer=p.name, address=p.address or p.interface,
-                           state=s["state"], node=self.node, level=logging.INFO if up else logging.WARNING)
+                           state=s["state"], node=self.node, downs=s["downs"],
+                           level=logging.INFO if up else logging.WARNING)
             self.metrics["session_up"].labels(p.name).set(1 if up else 0)
             self.metrics["announced"].labels(p.name).set(s["prefixesSent"])
             self.metrics["updates"].labels(p.name).set(s["updatesSent"])
