@@ -475,8 +475,8 @@ def test_failed_reload_after_a_withdrawal_never_re_announces(blab, smodes):
     # after the withdrawal (its update log, per prefix: an UPDATE about another prefix, such as a
     # session reset on a loaded machine sending the node's routes again, is no flap of this one)
     print(f"UPDATEs logged by r1 after settling: {received}")
-    assert flaps == 0 and not announced_in(received, API), (updates, later, timeline, received, runs,
-                                                              n1.status()["frr"])
+    context = (updates, later, timeline, received, runs, n1.status()["frr"])
+    assert flaps == 0 and not announced_in(received, API), context
     assert status["reload"]["state"] == "backoff" and status["reload"]["failuresTotal"] >= 2, status
     assert len(runs) / seconds <= 3, runs
     assert f"network {API}/32" not in frr_conf(blab, "n1") and f"network {VIP}/32" in frr_conf(blab, "n1")
