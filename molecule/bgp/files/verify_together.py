@@ -9,7 +9,9 @@ from the router r1 (ip route), the nodes (nft, /proc, ``nocloudlb status``) and 
    reset, closed or no echo for STALL s), spread over the three directors (which director
    forwards which connection is read on the nodes from an nft set of source ports);
 3. a node failure: n3 hung (frozen and silent at its switch port) until r1 drops it at BFD speed,
-   then back; 0 broken wanted;
+   then back; 0 broken wanted; and n2's speaker killed (-9) and started again by systemd while FRR
+   keeps announcing n2: 0 broken and 0 new connections refused wanted (the data plane keeps its
+   tables across the restart);
 4. a drain and undrain of n1; 0 broken wanted, on the drained node included (DR needs neither
    handover nor a wait: any director picks the same real server for a flow);
 5. config reloads: a service added to and removed from the speakers' config six times (each a
@@ -105,7 +107,11 @@ def timed(pred, timeout: float) -> float | None:
 
 
 def status(node: str) -> dict:
-    return json.loads(lab.exec(node, [CLI, "status", "--json"], timeout=30).stdout)
+    res = lab.exec(node, [CLI, "status", "--json"], timeout=30, check=False)
+    try:
+        return json.loads(res.stdout) if res.returncode == 0 else {}
+    except ValueError:
+        return {}
 
 
 def dp_rule(node: str, vip: str) -> dict:
@@ -232,6 +238,49 @@ print(f"BGPDP node failure (n3 hung, r1 dropped it after {t_out:.2f} s, back aft
       f"by director {failure['broken_by_director']}); longest wait for an echo {failure['max_gap_s']} s",
       flush=True)
 
+# 3b. n2's speaker killed (kill -9) and started again by systemd: FRR keeps announcing, r1 keeps n2 ------
+NEW_CONNS = r"""
+import json, socket, sys, time
+vip, port, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+ok, failed, end = 0, {}, time.monotonic() + seconds
+while time.monotonic() < end:
+    try:
+        s = socket.create_connection((vip, port), timeout=3)
+        if not s.makefile().readline():
+            raise ConnectionError("closed")
+        s.close()
+        ok += 1
+    except OSError as exc:
+        failed[type(exc).__name__] = failed.get(type(exc).__name__, 0) + 1
+    time.sleep(0.003)
+print(json.dumps({"ok": ok, "failed": failed}), flush=True)
+"""
+held = Held("kill")
+loop = lab.popen_exec("c2", ["python3", "-c", NEW_CONNS, DR, str(PORT), "7"])
+time.sleep(1.0)
+fault = lab.fault_kill("n2", unit="nocloudlb-speaker.service")
+
+
+def restarted() -> bool:
+    rule = dp_rule("n2", DR) if lab.exec("n2", ["systemctl", "is-active", "nocloudlb-speaker.service"],
+                                         check=False).stdout.strip() == "active" else {}
+    return bool(rule) and all(b["inTable"] for b in rule["backends"])
+
+
+time.sleep(0.5)  # systemd has seen the main process die
+t_restart = timed(restarted, 60)
+lab.undo(fault["id"])
+check(t_restart is not None, f"n2's speaker not back with its data plane: {dp_rule('n2', DR)}")
+out, _err = loop.communicate(timeout=60)
+new_conns = json.loads(out.strip().splitlines()[-1])
+killed = held.end()
+killed.update(new_connections=new_conns, restarted_s=round(t_restart or 0, 1), router_hops=sorted(hops(DR)))
+figures["speaker_killed"] = killed
+print(f"BGPDP n2's speaker killed (-9), back with its tables after {t_restart:.1f} s (r1 kept n2): "
+      f"{killed['broken']} of {CONN} DR connections broken ({killed['by_director']['n2']} held through n2); "
+      f"new connections meanwhile: {new_conns['ok']} answered, {sum(new_conns['failed'].values())} failed "
+      f"{new_conns['failed']}", flush=True)
+
 # 4. drain and undrain n1 ---------------------------------------------------------------------------
 held = Held("drain")
 lab.exec("n1", [CLI, "label", "set", f"{DRAIN}=true"])
@@ -305,6 +354,7 @@ print(f"BGPDP net.ipv4.ip_forward on the directors through steps 2-5 (drain, und
       f"speaker reloads): {figures['forwarding']}", flush=True)
 
 check(failure["broken"] == 0, f"the node failure broke DR connections: {failure}")
+check(killed["broken"] == 0 and not new_conns["failed"], f"a killed speaker broke or refused connections: {killed}")
 check(drain["broken"] == 0, f"the drain broke DR connections: {drain}")
 check(reload["broken"] == 0, f"the reload broke DR connections: {reload}")
 check(all(s["off"] == 0 for s in samples.values()), f"ip_forward seen 0 on a director: {samples}")
