@@ -11,10 +11,10 @@ from the router r1 (ip route), the nodes (nft, /proc, ``nocloudlb status``) and 
 3. a node failure: n3 hung (frozen and silent at its switch port) until r1 drops it at BFD speed,
    then back; 0 broken wanted; and n2's speaker killed (-9) and started again by systemd while FRR
    keeps announcing n2: 0 broken and 0 new connections refused wanted (the data plane keeps its
-   tables across the restart);
-4. a drain and undrain of n1; 0 broken wanted, on the drained node included (DR needs neither
-   handover nor a wait: any director picks the same real server for a flow);
-5. config reloads: a service added to and removed from the speakers' config six times (each a
+   tables across the restart); one set of connections for both;
+4. a drain and undrain of n1 (then 5. on the same connections); 0 broken wanted, on the drained
+   node included (DR needs neither handover nor a wait: any director picks the same real server);
+5. config reloads: a service added to and removed from the speakers' config four times (each a
    ``systemctl reload``, as a site.yml run with a changed service does; FRR reloads and r1 learns
    or forgets the prefix); 0 broken wanted; net.ipv4.ip_forward (full-NAT needs it) sampled every
    20 ms on every director from step 1 to the end: never seen 0, never reasserted.
@@ -174,18 +174,30 @@ class Held:
               f"{tag}: connections not seen on exactly one director: "
               f"{ {p: ds for p, ds in self.director.items() if len(ds) != 1} }")
         check(all(self.by_node.values()), f"{tag}: connections not spread over the 3 directors: {self.by_node}")
+        self.phases: list[tuple[str, float, dict[str, int]]] = []
 
-    def end(self) -> dict:
+    def mark(self, phase: str) -> dict[str, int]:
+        """A phase starts now: the connections each director forwards now (seen in the last 2 s)."""
+        seen = seen_ports()
+        by_node = {n: sum(1 for p in self.ports if p in seen[n]) for n in NODES}
+        self.phases.append((phase, time.time(), by_node))
+        return by_node
+
+    def end(self) -> dict[str, dict]:
+        """Per phase: connections held through each director at its start, broken during it (a stall
+        counts from STALL s before it was noticed), the longest wait for an echo (whole session)."""
         lab.exec("c2", ["touch", self.stop])
         out, _err = self.proc.communicate(timeout=60)
         result = json.loads(out.strip().splitlines()[-1])
-        broken = {n: 0 for n in NODES}
-        for e in result["errors"]:
-            for n in self.director.get(int(e["port"]), []):
-                broken[n] += 1
-        return {"connections": CONN, "by_director": self.by_node, "broken": len(result["errors"]),
-                "broken_by_director": broken, "errors": result["errors"][:5], "max_gap_s": result["max_gap"],
-                "rounds": result["rounds"]}
+        out_phases: dict[str, dict] = {}
+        for i, (phase, t0, by_node) in enumerate(self.phases):
+            t1 = self.phases[i + 1][1] if i + 1 < len(self.phases) else float("inf")
+            errors = [e for e in result["errors"]
+                      if t0 <= e["t"] - (STALL if "imeout" in e["error"] else 0) < t1]
+            out_phases[phase] = {"connections": CONN - sum(1 for e in result["errors"] if e["t"] < t0),
+                                 "by_director": by_node, "broken": len(errors), "errors": errors[:5],
+                                 "max_gap_s": result["max_gap"]}
+        return out_phases
 
 
 # 1. both services through r1's ECMP, the same Maglev table on every director ------------------------
@@ -220,25 +232,8 @@ check(fn.returncode == 0 and "s1" in fn.stdout and "s2" in fn.stdout, f"full-NAT
 print(f"BGPDP full-NAT {FULLNAT}: 12 connections answered by {fn.stdout.strip()}; ip_forward 1 on every director",
       flush=True)
 
-# 2-3. a node failure: n3 hung and silent until r1 drops it (BFD), then back --------------------------
-held = Held("failure")
-fault = lab.fault_freeze("n3")
-t_out = timed(lambda: NODES["n3"] not in hops(DR), 15)
-time.sleep(STALL + 1)  # a connection stalled by it would be seen broken now
-lab.undo(fault["id"])
-check(t_out is not None, f"n3 hung: r1 still routes {DR} via {hops(DR)}")
-t_back = timed(lambda: hops(DR) == ALL, 90)
-check(t_back is not None, f"n3 back: r1 routes {DR} via {hops(DR)}")
-time.sleep(STALL + 1)
-failure = held.end()
-failure.update(gone_s=round(t_out or 0, 3), back_s=round(t_back or 0, 1))
-figures["node_failure"] = failure
-print(f"BGPDP node failure (n3 hung, r1 dropped it after {t_out:.2f} s, back after {t_back:.1f} s): "
-      f"{failure['broken']} of {CONN} DR connections broken ({failure['by_director']['n3']} held through n3; "
-      f"by director {failure['broken_by_director']}); longest wait for an echo {failure['max_gap_s']} s",
-      flush=True)
-
-# 3b. n2's speaker killed (kill -9) and started again by systemd: FRR keeps announcing, r1 keeps n2 ------
+# 2-3. a node failure (n3 hung and silent until r1 drops it by BFD, then back), then n2's speaker killed
+# (-9) and started again by systemd while FRR keeps announcing n2 -----------------------------------------
 NEW_CONNS = r"""
 import json, socket, sys, time
 vip, port, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
@@ -255,8 +250,18 @@ while time.monotonic() < end:
     time.sleep(0.003)
 print(json.dumps({"ok": ok, "failed": failed}), flush=True)
 """
-held = Held("kill")
-loop = lab.popen_exec("c2", ["python3", "-c", NEW_CONNS, DR, str(PORT), "7"])
+held = Held("faults")
+held.mark("node_failure")
+fault = lab.fault_freeze("n3")
+t_out = timed(lambda: NODES["n3"] not in hops(DR), 15)
+time.sleep(STALL + 0.5)  # a connection stalled by it is noticed by now
+lab.undo(fault["id"])
+check(t_out is not None, f"n3 hung: r1 still routes {DR} via {hops(DR)}")
+t_back = timed(lambda: hops(DR) == ALL, 90)
+check(t_back is not None, f"n3 back: r1 routes {DR} via {hops(DR)}")
+time.sleep(2.1)  # the seen sets forget the ports n3's absence moved
+held.mark("speaker_killed")
+loop = lab.popen_exec("c2", ["python3", "-c", NEW_CONNS, DR, str(PORT), "5"])
 time.sleep(1.0)
 fault = lab.fault_kill("n2", unit="nocloudlb-speaker.service")
 
@@ -273,35 +278,26 @@ lab.undo(fault["id"])
 check(t_restart is not None, f"n2's speaker not back with its data plane: {dp_rule('n2', DR)}")
 out, _err = loop.communicate(timeout=60)
 new_conns = json.loads(out.strip().splitlines()[-1])
-killed = held.end()
-killed.update(new_connections=new_conns, restarted_s=round(t_restart or 0, 1), router_hops=sorted(hops(DR)))
-figures["speaker_killed"] = killed
-print(f"BGPDP n2's speaker killed (-9), back with its tables after {t_restart:.1f} s (r1 kept n2): "
-      f"{killed['broken']} of {CONN} DR connections broken ({killed['by_director']['n2']} held through n2); "
-      f"new connections meanwhile: {new_conns['ok']} answered, {sum(new_conns['failed'].values())} failed "
-      f"{new_conns['failed']}", flush=True)
+time.sleep(STALL + 0.5)
+phases = held.end()
+failure, killed = phases["node_failure"], phases["speaker_killed"]
+failure.update(gone_s=round(t_out or 0, 3), back_s=round(t_back or 0, 1))
+killed.update(new_connections=new_conns, restarted_s=round((t_restart or 0) + 0.5, 1), router_hops=sorted(hops(DR)))
+figures["node_failure"], figures["speaker_killed"] = failure, killed
+print(f"BGPDP node failure (n3 hung, r1 dropped it after {t_out:.2f} s, back after {t_back:.1f} s): "
+      f"{failure['broken']} of {failure['connections']} DR connections broken ({failure['by_director']['n3']} held "
+      f"through n3)", flush=True)
+print(f"BGPDP n2's speaker killed (-9), back with its tables after {killed['restarted_s']} s (r1 kept n2: "
+      f"{killed['router_hops']}): {killed['broken']} of {killed['connections']} DR connections broken "
+      f"({killed['by_director']['n2']} held through n2); new connections meanwhile: {new_conns['ok']} answered, "
+      f"{sum(new_conns['failed'].values())} failed {new_conns['failed']}; longest wait for an echo "
+      f"{killed['max_gap_s']} s", flush=True)
 
-# 4. drain and undrain n1 ---------------------------------------------------------------------------
-held = Held("drain")
-lab.exec("n1", [CLI, "label", "set", f"{DRAIN}=true"])
-t_drain = timed(lambda: hops(DR) == ALL - {NODES["n1"]}, 10)
-check(t_drain is not None, f"drain n1: r1 routes {DR} via {hops(DR)}")
-time.sleep(3.0)
-lab.exec("n1", [CLI, "label", "unset", DRAIN])
-check(bool(wait_for(lambda: hops(DR) == ALL, 90, 0.2)), f"undrain n1: r1 routes {DR} via {hops(DR)}")
-time.sleep(2.0)
-drain = held.end()
-figures["drain"] = drain
-print(f"BGPDP drain and undrain n1: {drain['broken']} of {CONN} DR connections broken, "
-      f"{drain['broken_by_director']['n1']} of the {drain['by_director']['n1']} held through the drained node "
-      f"(no handover, no wait: every director picks the same real server); longest wait for an echo "
-      f"{drain['max_gap_s']} s", flush=True)
-
-# 5. config reloads: a service added and removed RELOADS times in the speakers' config -------------------
-# (what a site.yml run with a changed service does on the nodes, without its minute and a half of
-# idempotent install tasks: the same file changed, the same `systemctl reload`; each reload makes
-# the speakers reload FRR, which must not switch forwarding off)
-RELOADS = 6
+# 4. a drain and undrain of n1, then config reloads: a service added and removed RELOADS times in the
+# speakers' config (what a site.yml run with a changed service does on the nodes, without its minute
+# and a half of idempotent install tasks: the same file changed, the same `systemctl reload`; each
+# reload makes the speakers reload FRR, which must not switch forwarding off) ---------------------------
+RELOADS = 4
 EDIT = r"""
 import sys, yaml
 path, add, ip = "/etc/nocloudlb/config.yaml", sys.argv[1] == "add", sys.argv[2]
@@ -318,7 +314,16 @@ doc["resources"] = res
 with open(path, "w") as f:  # in place: owner and mode stay
     yaml.safe_dump(doc, f, sort_keys=False)
 """
-held = Held("reload")
+held = Held("changes")
+held.mark("drain")
+lab.exec("n1", [CLI, "label", "set", f"{DRAIN}=true"])
+t_drain = timed(lambda: hops(DR) == ALL - {NODES["n1"]}, 10)
+check(t_drain is not None, f"drain n1: r1 routes {DR} via {hops(DR)}")
+time.sleep(2.0)
+lab.exec("n1", [CLI, "label", "unset", DRAIN])
+check(bool(wait_for(lambda: hops(DR) == ALL, 90, 0.2)), f"undrain n1: r1 routes {DR} via {hops(DR)}")
+time.sleep(2.1)
+held.mark("reload")
 t0 = time.monotonic()
 present = bool(hops(EXTRA))  # a rerun on the same lab may find it there
 for i in range(RELOADS):
@@ -332,7 +337,12 @@ for i in range(RELOADS):
           f"reload {i + 1}: r1 routes {EXTRA} via {hops(EXTRA)}, want {sorted(want)}")
 took = time.monotonic() - t0
 time.sleep(1.0)
-reload = held.end()
+phases = held.end()
+drain, reload = phases["drain"], phases["reload"]
+figures["drain"] = drain
+print(f"BGPDP drain and undrain n1: {drain['broken']} of {drain['connections']} DR connections broken, "
+      f"{drain['by_director']['n1']} of them held through the drained node (no handover, no wait: every director "
+      f"picks the same real server); longest wait for an echo {drain['max_gap_s']} s", flush=True)
 for n in NODES:
     lab.exec(n, ["touch", "/tmp/fwd-stop"])
 samples = {}
@@ -348,8 +358,7 @@ figures["forwarding"] = {"samples": {n: s["samples"] for n, s in samples.items()
                          "off": {n: s["off"] for n, s in samples.items()},
                          "reasserted": {n: reasserted_after[n] - reasserted_before[n] for n in NODES}}
 print(f"BGPDP {RELOADS} config reloads (service web2 added and removed, each seen on r1; {took:.1f} s): "
-      f"{reload['broken']} of {CONN} DR connections broken; longest wait for an echo {reload['max_gap_s']} s",
-      flush=True)
+      f"{reload['broken']} of {reload['connections']} DR connections broken", flush=True)
 print(f"BGPDP net.ipv4.ip_forward on the directors through steps 2-5 (drain, undrain, n3 back, FRR and "
       f"speaker reloads): {figures['forwarding']}", flush=True)
 
