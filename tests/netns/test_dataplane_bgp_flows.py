@@ -79,5 +79,5 @@ def test_dr_segments_of_moved_flows_are_forwarded_not_handed_over(lab):
     after = [again() for _first, again in held]
     assert after == firsts, (firsts, after)  # every connection goes on, on its server
     # n2 forwarded them by DR itself: its handover tables saw none of their segments
-    assert _handover_counters(seg, n2.ns) == [0, 0, 0], seg.run(n2.ns, ["nft", "list", "table", "ip",
-                                                                         FLOW_TABLE]).stdout
+    listing = seg.run(n2.ns, ["nft", "list", "table", "ip", FLOW_TABLE]).stdout
+    assert _handover_counters(seg, n2.ns) == [0, 0, 0], listing
