@@ -20,8 +20,17 @@ good rules). A refused service is not forwarded as configured; the others are.
 IP forwarding (NAT, full-NAT) is kept on by ``forwarding.Forwarding``, read every second.
 
 ``withdraw_all`` keeps the rules: the data plane announces nothing, and keeping them keeps
-the flows conntrack still tracks when traffic arrives here. ``close`` deletes both tables;
-``start`` replaces whatever a crashed run left.
+the flows conntrack still tracks when traffic arrives here. ``close`` deletes both tables.
+
+A restart keeps forwarding (issue 21, point 5). ``start`` only checks that nft works (``nft -c``):
+the tables a crashed or killed run left stay in place, and the first programming replaces them in
+one transaction; that first programming waits until every backend's check has its first result
+(at most ``FIRST_CHECKS_WAIT`` s), since before it every checked server counts as down and the
+tables would be written without them. In BGP mode the router goes on sending the VIPs to a node
+whose speaker restarts (FRR keeps announcing): before, ``start`` deleted the tables and the first
+programming wrote them empty, and for 0.1-0.2 s the node's own TCP refused the DR VIP's new
+connections (15-22 refused of about 1,300 in 6 s from the client, per ``kill -9`` of a speaker,
+molecule scenario ``bgp``).
 """
 
 from __future__ import annotations
@@ -109,6 +118,7 @@ def eligible_vips(me: str, nodes: list[Any], parsed: Any) -> set[str]:
     return out
 
 
+FIRST_CHECKS_WAIT = 3.0  # s after start: the first programming waits at most this long for first check results
 TICK = 1.0  # the forwarding switches are read this often
 PERIOD = 5.0  # a sync without any wake-up this often (interfaces, refused services' retry)
 
@@ -141,13 +151,18 @@ class DataplaneMode:
         self.forwarding = Forwarding(self.log, sysctl_root)
         self.health: HealthChecker | None = None
         self.available = False
+        self._started = 0.0
+        self.waiting_first_checks = False  # the first programming waits for the backends' first results
 
     # -- Mode interface ------------------------------------------------------------------
     def start(self) -> None:
         if not self.nft:
             raise RuntimeError("dataplane: the nft command (package nftables) is missing")
         self.tool.path = self.nft
-        self.tool.apply(nft.base_script())  # replaces what a crashed run left; raises: start fails closed
+        # nft works (raises: start fails closed); what a crashed run left stays until the first programming
+        # replaces it in one transaction (program.full): a restart never leaves the VIPs unforwarded meanwhile
+        self.tool.check(nft.base_script())
+        self._started = time.monotonic()
         self.available = True
         self.health = HealthChecker(self._wake.set, logging.getLogger("nocloudlb.dataplane.health"))
         if self._registry is not None:
@@ -183,6 +198,7 @@ class DataplaneMode:
                 services.setdefault(key, {})["refused"] = why
             return {"available": self.available, "error": self._error, "updates": self._updates,
                     "lastUpdateSeconds": round(self._last_seconds, 4), "services": services,
+                    "waitingFirstChecks": self.waiting_first_checks,
                     **self.program.status(),
                     "nft": {"runs": self.tool.runs, "unexpectedOutput": self.tool.unexpected},
                     "forwarding": self.forwarding.status(),
@@ -232,7 +248,7 @@ class DataplaneMode:
                 return
             self.forwarding.check()
             now = time.monotonic()
-            due = due or woke or self.backoff.backing_off or now - last >= PERIOD
+            due = due or woke or self.backoff.backing_off or self.waiting_first_checks or now - last >= PERIOD
             if not due or not self.backoff.ready() or now < quiet_until:
                 continue
             due, last = False, now
@@ -254,6 +270,10 @@ class DataplaneMode:
         if checks != self._checks:
             self.health.configure(checks)
             self._checks = checks
+        if self.program.rendered is None and not self._first_results(checks):
+            self.waiting_first_checks = True  # the tables keep what they hold (a crashed run's rules)
+            return False
+        self.waiting_first_checks = False
         ifaces = self._interfaces()
         refused = refusals(parsed, ifaces)
         for key, why in refused.items():
@@ -275,6 +295,14 @@ class DataplaneMode:
             event(self.log, "dataplaneUpdated", rules=len(self._rules), seconds=round(self._last_seconds, 4),
                   healthy=len([t for r in self._rules for t in r.targets if t.healthy]))
         return ran
+
+    def _first_results(self, checks: dict[str, CheckSpec | None]) -> bool:
+        """True once every checked backend has its first result, or FIRST_CHECKS_WAIT s after start."""
+        if self.health is None or time.monotonic() - self._started >= FIRST_CHECKS_WAIT:
+            return True
+        states = self.health.status()
+        return all(key in states and (states[key]["passes"] or states[key]["failures"])
+                   for key, spec in checks.items() if spec is not None)
 
     def counters(self) -> dict[str, dict[str, int]]:
         """Counter name -> {packets, bytes}, read now from both tables ({} when unavailable)."""
