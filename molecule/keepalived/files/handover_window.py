@@ -1,0 +1,143 @@
+"""Count, on packets, what a keepalived VIP handover loses while a command runs (drain/undrain cycles).
+
+While CMD runs, the client sends to each VIP an ICMP echo every 2 ms (ping) and opens a TCP
+connection every 10 ms with one HTTP GET on it; every node counts, in nftables' prerouting, the
+packets for a VIP that reach it while the VIP is not local there (``fib daddr type != local``):
+packets a client still sent to that node's MAC after the node dropped the VIP, which its kernel
+drops (the nodes do not forward). Neighbour discovery is not counted (the kernel answers it only
+for addresses on the asking interface). Reports one JSON object:
+  command_rc      CMD's exit status
+  icmp            per VIP: sent, lost (sequence numbers never answered, up to the last answer)
+  tcp             connections, failed (refused, reset, no answer within 3 s), slow (> 0.5 s: a SYN
+                  or the request retransmitted), and each failure or slow one (seconds from start)
+  not_local       per node: packets for a VIP that reached it while the VIP was not local there
+Usage: handover_window.py --lab kad --vip IP [--vip IP6] --port 8080 --nodes n1,n2,n3 --command CMD
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+LABCTL = Path(__file__).resolve().parents[3] / "roles" / "lab" / "files" / "labctl.py"
+TABLE = "kad_window"
+
+CLIENT = r"""
+import json, os, re, signal, socket, subprocess, sys, threading, time
+vips, port, stop = json.loads(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+t0 = time.time()
+pings = {v: subprocess.Popen(["ping", "-n", "-i", "0.002", "-W", "1", v], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True) for v in vips}
+results, lock = [], threading.Lock()
+
+def get(vip, start):
+    try:
+        with socket.create_connection((vip, port), timeout=3) as s:
+            s.settimeout(3)
+            s.sendall(b"GET / HTTP/1.0\r\nHost: x\r\n\r\n")
+            data = b""
+            while True:
+                chunk = s.recv(4096)
+                if not chunk:
+                    break
+                data += chunk
+        ok = data.startswith(b"HTTP/1.0 200")
+        err = "" if ok else data[:40].decode("latin-1")
+    except Exception as exc:
+        ok, err = False, f"{type(exc).__name__}: {exc}"[:120]
+    with lock:
+        results.append({"vip": vip, "t": round(start - t0, 3), "s": round(time.time() - start, 3),
+                        "ok": ok, "err": err})
+
+threads = []
+while not os.path.exists(stop):
+    for v in vips:
+        th = threading.Thread(target=get, args=(v, time.time()), daemon=True)
+        th.start()
+        threads.append(th)
+    time.sleep(0.01)
+for th in threads:
+    th.join(timeout=5)
+icmp = {}
+for v, p in pings.items():
+    p.send_signal(signal.SIGINT)
+    out = p.communicate(timeout=10)[0]
+    seqs = sorted({int(m) for m in re.findall(r"icmp_seq=(\d+)", out)})
+    sent = re.search(r"(\d+) packets transmitted", out)
+    lost = [s for s in range(1, seqs[-1] + 1) if s not in set(seqs)] if seqs else []
+    icmp[v] = {"sent": int(sent.group(1)) if sent else None, "answered": len(seqs), "lost": len(lost),
+               "lost_seqs": lost[:50]}
+bad = [r for r in results if not r["ok"] or r["s"] > 0.5]
+print(json.dumps({"icmp": icmp, "tcp": {"connections": len(results), "bad": bad}}))
+"""
+
+
+def labctl(lab: str, *args: str, check: bool = True, **kw) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([sys.executable, str(LABCTL), args[0], "-n", lab, *args[1:]], capture_output=True,
+                          text=True, timeout=120, check=False, **kw)
+    if check and proc.returncode != 0:
+        raise SystemExit(f"labctl {' '.join(args)} failed: {proc.stderr.strip()}")
+    return proc
+
+
+def nft_table(vips: list[str]) -> str:
+    v4 = [v for v in vips if ":" not in v]
+    v6 = [v for v in vips if ":" in v]
+    lines = [f"table inet {TABLE} {{", "  chain pre {", "    type filter hook prerouting priority -150; policy accept;",
+             "    icmpv6 type { nd-neighbor-solicit, nd-neighbor-advert } accept"]
+    if v4:
+        lines.append(f"    ip daddr {{ {', '.join(v4)} }} fib daddr type != local counter")
+    if v6:
+        lines.append(f"    ip6 daddr {{ {', '.join(v6)} }} fib daddr type != local counter")
+    return "\n".join(lines + ["  }", "}"]) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lab", required=True)
+    ap.add_argument("--vip", action="append", required=True)
+    ap.add_argument("--port", type=int, default=8080)
+    ap.add_argument("--client", default="c1")
+    ap.add_argument("--nodes", required=True, help="comma-separated nodes whose not-local packets are counted")
+    ap.add_argument("--command", required=True)
+    a = ap.parse_args()
+    nodes = a.nodes.split(",")
+    for node in nodes:
+        labctl(a.lab, "exec", node, "--", "sh", "-c", f"nft delete table inet {TABLE} 2>/dev/null; true")
+        labctl(a.lab, "exec", node, "--", "nft", "-f", "-", input=nft_table(a.vip))
+    stop = f"/tmp/kad-window-stop-{int(time.time() * 1000)}"
+    client = subprocess.Popen([sys.executable, str(LABCTL), "exec", "-n", a.lab, a.client, "--", "python3", "-c",
+                               CLIENT, json.dumps(a.vip), str(a.port), stop], stdout=subprocess.PIPE, text=True)
+    time.sleep(1.0)
+    try:
+        rc = subprocess.run(a.command, shell=True, check=False, stdout=sys.stderr, stderr=sys.stderr).returncode
+        time.sleep(1.0)
+    finally:
+        labctl(a.lab, "exec", a.client, "--", "touch", stop, check=False)
+        out = client.communicate(timeout=60)[0]
+        labctl(a.lab, "exec", a.client, "--", "rm", "-f", stop, check=False)
+    not_local = {}
+    for node in nodes:
+        listing = labctl(a.lab, "exec", node, "--", "nft", "list", "table", "inet", TABLE, check=False).stdout
+        not_local[node] = sum(int(n) for n in re.findall(r"counter packets (\d+)", listing))
+        labctl(a.lab, "exec", node, "--", "nft", "delete", "table", "inet", TABLE, check=False)
+    empty = {"icmp": {}, "tcp": {"connections": 0, "bad": []}}
+    probe = json.loads(out.strip().splitlines()[-1]) if out.strip() else empty
+    bad = probe["tcp"]["bad"]
+    print(json.dumps({
+        "command_rc": rc,
+        "icmp": probe["icmp"],
+        "tcp": {"connections": probe["tcp"]["connections"], "failed": sum(1 for r in bad if not r["ok"]),
+                "slow": sum(1 for r in bad if r["ok"]), "bad": bad[:40]},
+        "not_local": not_local,
+    }))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
