@@ -1,6 +1,6 @@
 """Count, on packets, what a keepalived VIP handover loses while a command runs (drain/undrain cycles).
 
-While CMD runs, the client sends to each VIP an ICMP echo every 2 ms (ping) and opens a TCP
+While CMD runs, the client sends to each VIP an ICMP echo every --ping-interval s (ping) and opens a TCP
 connection every 10 ms with one HTTP GET on it; every node counts, in nftables' prerouting, the
 packets for a VIP that reach it while the VIP is not local there (``fib daddr type != local``):
 packets a client still sent to that node's MAC after the node dropped the VIP, which its kernel
@@ -29,10 +29,12 @@ TABLE = "kad_window"
 
 CLIENT = r"""
 import json, os, re, signal, socket, subprocess, sys, threading, time
-vips, port, stop = json.loads(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+vips, port, stop, interval = json.loads(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
 t0 = time.time()
-pings = {v: subprocess.Popen(["ping", "-n", "-i", "0.002", "-W", "1", v], stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True) for v in vips}
+# ping writes a line per answer: to a file, not a pipe nobody reads until the end (it would block)
+logs = {v: open(f"{stop}.ping-{i}", "w+") for i, v in enumerate(vips)}
+pings = {v: subprocess.Popen(["ping", "-n", "-i", interval, "-W", "1", v], stdout=logs[v], stderr=subprocess.STDOUT)
+         for v in vips}
 results, lock = [], threading.Lock()
 
 def get(vip, start):
@@ -66,14 +68,25 @@ for th in threads:
 icmp = {}
 for v, p in pings.items():
     p.send_signal(signal.SIGINT)
-    out = p.communicate(timeout=10)[0]
-    seqs = sorted({int(m) for m in re.findall(r"icmp_seq=(\d+)", out)})
+    p.wait(timeout=10)
+    logs[v].seek(0)
+    out = logs[v].read()
+    logs[v].close()
+    os.unlink(logs[v].name)
+    # icmp_seq is 16 bits: unwrap it; what was never answered between the first and the last answer is lost
+    seqs, base, prev = set(), 0, None
+    for m in re.findall(r"icmp_seq=(\d+)", out):
+        n = int(m)
+        if prev is not None and n < prev - 32768:
+            base += 65536
+        prev = n
+        seqs.add(base + n)
     sent = re.search(r"(\d+) packets transmitted", out)
-    lost = [s for s in range(1, seqs[-1] + 1) if s not in set(seqs)] if seqs else []
+    lost = sorted(set(range(min(seqs), max(seqs) + 1)) - seqs) if seqs else []
     icmp[v] = {"sent": int(sent.group(1)) if sent else None, "answered": len(seqs), "lost": len(lost),
                "lost_seqs": lost[:50]}
 bad = [r for r in results if not r["ok"] or r["s"] > 0.5]
-print(json.dumps({"icmp": icmp, "tcp": {"connections": len(results), "bad": bad}}))
+print(json.dumps({"t0": t0, "icmp": icmp, "tcp": {"connections": len(results), "bad": bad}}))
 """
 
 
@@ -85,16 +98,38 @@ def labctl(lab: str, *args: str, check: bool = True, **kw) -> subprocess.Complet
     return proc
 
 
-def nft_table(vips: list[str]) -> str:
+def nft_table(vips: list[str], node: str) -> str:
     v4 = [v for v in vips if ":" not in v]
     v6 = [v for v in vips if ":" in v]
     lines = [f"table inet {TABLE} {{", "  chain pre {", "    type filter hook prerouting priority -150; policy accept;",
              "    icmpv6 type { nd-neighbor-solicit, nd-neighbor-advert } accept"]
     if v4:
-        lines.append(f"    ip daddr {{ {', '.join(v4)} }} fib daddr type != local counter")
+        lines.append(f"    ip daddr {{ {', '.join(v4)} }} fib daddr type != local counter"
+                     f' limit rate 50/second log prefix "{TABLE} {node}: "')
     if v6:
-        lines.append(f"    ip6 daddr {{ {', '.join(v6)} }} fib daddr type != local counter")
+        lines.append(f"    ip6 daddr {{ {', '.join(v6)} }} fib daddr type != local counter"
+                     f' limit rate 50/second log prefix "{TABLE} {node}: "')
     return "\n".join(lines + ["  }", "}"]) + "\n"
+
+
+def announcements(events: list[dict], vips: list[str], t0: float, host_of_mac: dict[str, str]) -> list:
+    """[seconds after t0, VIP, node] for the first gratuitous ARP / unsolicited NA of each burst."""
+    moves: list = []
+    last: dict[str, tuple[float, str]] = {}
+    for e in events:
+        if e["kind"] == "arp" and e["gratuitous"] and e["sender_ip"] in vips:
+            vip, mac = e["sender_ip"], e["sender_mac"]
+        elif e["kind"] == "ndp" and e.get("type") == "na" and e.get("target") in vips \
+                and not e.get("flags", {}).get("solicited"):
+            vip, mac = e["target"], e.get("lladdr") or e.get("src_mac") or ""
+        else:
+            continue
+        node = host_of_mac.get(mac.lower(), mac)
+        prev = last.get(vip)
+        if prev is None or prev[1] != node:
+            moves.append([round(e["t"] - t0, 4), vip, node])
+        last[vip] = (e["t"], node)
+    return moves
 
 
 def main() -> int:
@@ -103,16 +138,23 @@ def main() -> int:
     ap.add_argument("--vip", action="append", required=True)
     ap.add_argument("--port", type=int, default=8080)
     ap.add_argument("--client", default="c1")
+    ap.add_argument("--segment", default="lan")
+    ap.add_argument("--ping-interval", type=float, default=0.0005, help="seconds between echo requests per VIP")
     ap.add_argument("--nodes", required=True, help="comma-separated nodes whose not-local packets are counted")
     ap.add_argument("--command", required=True)
     a = ap.parse_args()
     nodes = a.nodes.split(",")
     for node in nodes:
         labctl(a.lab, "exec", node, "--", "sh", "-c", f"nft delete table inet {TABLE} 2>/dev/null; true")
-        labctl(a.lab, "exec", node, "--", "nft", "-f", "-", input=nft_table(a.vip))
+        labctl(a.lab, "exec", node, "--", "nft", "-f", "-", input=nft_table(a.vip, node))
+    inv = json.loads(Path(labctl(a.lab, "inventory").stdout.strip()).read_text())["all"]
+    host_of_mac = {inv["hosts"][h]["lab_interfaces"][0]["mac"].lower(): h for h in nodes}
+    capture = json.loads(labctl(a.lab, "capture", "start", a.segment, "--filter",
+                                "arp or (icmp6 and ip6[40] == 136)").stdout)
     stop = f"/tmp/kad-window-stop-{int(time.time() * 1000)}"
     client = subprocess.Popen([sys.executable, str(LABCTL), "exec", "-n", a.lab, a.client, "--", "python3", "-c",
-                               CLIENT, json.dumps(a.vip), str(a.port), stop], stdout=subprocess.PIPE, text=True)
+                               CLIENT, json.dumps(a.vip), str(a.port), stop, str(a.ping_interval)],
+                              stdout=subprocess.PIPE, text=True)
     time.sleep(1.0)
     try:
         rc = subprocess.run(a.command, shell=True, check=False, stdout=sys.stderr, stderr=sys.stderr).returncode
@@ -121,6 +163,9 @@ def main() -> int:
         labctl(a.lab, "exec", a.client, "--", "touch", stop, check=False)
         out = client.communicate(timeout=60)[0]
         labctl(a.lab, "exec", a.client, "--", "rm", "-f", stop, check=False)
+    labctl(a.lab, "capture", "stop", capture["name"], check=False)
+    events = json.loads(labctl(a.lab, "capture", "read", capture["pcap"], "--kinds", "arp,ndp").stdout)
+    Path(capture["pcap"]).unlink(missing_ok=True)
     not_local = {}
     for node in nodes:
         listing = labctl(a.lab, "exec", node, "--", "nft", "list", "table", "inet", TABLE, check=False).stdout
@@ -129,12 +174,17 @@ def main() -> int:
     empty = {"icmp": {}, "tcp": {"connections": 0, "bad": []}}
     probe = json.loads(out.strip().splitlines()[-1]) if out.strip() else empty
     bad = probe["tcp"]["bad"]
+    moves = announcements(events, a.vip, probe.get("t0", 0.0), host_of_mac)
+    for b in bad:  # the move nearest to each bad connection
+        near = min((m for m in moves if m[1] == b["vip"]), key=lambda m: abs(m[0] - b["t"]), default=None)
+        b["near_move"] = near
     print(json.dumps({
         "command_rc": rc,
         "icmp": probe["icmp"],
         "tcp": {"connections": probe["tcp"]["connections"], "failed": sum(1 for r in bad if not r["ok"]),
                 "slow": sum(1 for r in bad if r["ok"]), "bad": bad[:40]},
         "not_local": not_local,
+        "moves": moves,
     }))
     return 0
 
