@@ -7,10 +7,12 @@ packets a client still sent to that node's MAC after the node dropped the VIP, w
 drops (the nodes do not forward). Neighbour discovery is not counted (the kernel answers it only
 for addresses on the asking interface). Reports one JSON object:
   command_rc      CMD's exit status
-  icmp            per VIP: sent, lost (sequence numbers never answered, up to the last answer)
+  icmp            per VIP: sent, answered, lost (sequence numbers never answered, up to the last
+                  answer) and lost_near: the move of the VIP nearest to each lost echo
   tcp             connections, failed (refused, reset, no answer within 3 s), slow (> 0.5 s: a SYN
                   or the request retransmitted), and each failure or slow one (seconds from start)
   not_local       per node: packets for a VIP that reached it while the VIP was not local there
+  moves           [seconds, VIP, node] for each gratuitous ARP / unsolicited NA from a new node
 Usage: handover_window.py --lab kad --vip IP [--vip IP6] --port 8080 --nodes n1,n2,n3 --command CMD
 """
 
@@ -33,8 +35,8 @@ vips, port, stop, interval = json.loads(sys.argv[1]), int(sys.argv[2]), sys.argv
 t0 = time.time()
 # ping writes a line per answer: to a file, not a pipe nobody reads until the end (it would block)
 logs = {v: open(f"{stop}.ping-{i}", "w+") for i, v in enumerate(vips)}
-pings = {v: subprocess.Popen(["ping", "-n", "-i", interval, "-W", "1", v], stdout=logs[v], stderr=subprocess.STDOUT)
-         for v in vips}
+pings = {v: subprocess.Popen(["ping", "-n", "-D", "-i", interval, "-W", "1", v], stdout=logs[v],
+                             stderr=subprocess.STDOUT) for v in vips}
 results, lock = [], threading.Lock()
 
 def get(vip, start):
@@ -74,17 +76,25 @@ for v, p in pings.items():
     logs[v].close()
     os.unlink(logs[v].name)
     # icmp_seq is 16 bits: unwrap it; what was never answered between the first and the last answer is lost
-    seqs, base, prev = set(), 0, None
-    for m in re.findall(r"icmp_seq=(\d+)", out):
+    # (-D: each answer's time; a lost echo is placed at the time of the answer before it)
+    seqs, base, prev, when = set(), 0, None, {}
+    for ts, m in re.findall(r"\[([0-9.]+)\].*?icmp_seq=(\d+)", out):
         n = int(m)
         if prev is not None and n < prev - 32768:
             base += 65536
         prev = n
         seqs.add(base + n)
+        when[base + n] = float(ts)
     sent = re.search(r"(\d+) packets transmitted", out)
     lost = sorted(set(range(min(seqs), max(seqs) + 1)) - seqs) if seqs else []
+    lost_t = []
+    for n in lost[:50]:
+        k = n - 1
+        while k not in when:
+            k -= 1
+        lost_t.append(round(when[k] - t0, 4))
     icmp[v] = {"sent": int(sent.group(1)) if sent else None, "answered": len(seqs), "lost": len(lost),
-               "lost_seqs": lost[:50]}
+               "lost_at": lost_t}
 bad = [r for r in results if not r["ok"] or r["s"] > 0.5]
 print(json.dumps({"t0": t0, "icmp": icmp, "tcp": {"connections": len(results), "bad": bad}}))
 """
@@ -132,6 +142,11 @@ def announcements(events: list[dict], vips: list[str], t0: float, host_of_mac: d
     return moves
 
 
+def nearest(moves: list, vip: str, t: float) -> list | None:
+    """The move of the VIP nearest to t: [seconds, VIP, node it moved to]."""
+    return min((m for m in moves if m[1] == vip), key=lambda m: abs(m[0] - t), default=None)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--lab", required=True)
@@ -176,8 +191,9 @@ def main() -> int:
     bad = probe["tcp"]["bad"]
     moves = announcements(events, a.vip, probe.get("t0", 0.0), host_of_mac)
     for b in bad:  # the move nearest to each bad connection
-        near = min((m for m in moves if m[1] == b["vip"]), key=lambda m: abs(m[0] - b["t"]), default=None)
-        b["near_move"] = near
+        b["near_move"] = nearest(moves, b["vip"], b["t"])
+    for vip, res in probe["icmp"].items():  # and to each lost echo
+        res["lost_near"] = [nearest(moves, vip, t) for t in res.pop("lost_at", [])]
     print(json.dumps({
         "command_rc": rc,
         "icmp": probe["icmp"],
