@@ -142,9 +142,11 @@ def announcements(events: list[dict], vips: list[str], t0: float, host_of_mac: d
     return moves
 
 
-def nearest(moves: list, vip: str, t: float) -> list | None:
-    """The move of the VIP nearest to t: [seconds, VIP, node it moved to]."""
-    return min((m for m in moves if m[1] == vip), key=lambda m: abs(m[0] - t), default=None)
+def nearest(moves: list, vip: str, t: float, within: float = 1.0) -> list | None:
+    """The move of the VIP nearest to t, [seconds, VIP, node it moved to], if within `within` s; else None
+    (a SYN lost to the lab's web server's short accept queue, far from any move, is no handover's)."""
+    near = min((m for m in moves if m[1] == vip), key=lambda m: abs(m[0] - t), default=None)
+    return near if near is not None and abs(near[0] - t) <= within else None
 
 
 def main() -> int:
