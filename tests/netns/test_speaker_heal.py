@@ -90,13 +90,16 @@ def cut_off_and_heal(c: SpeakerCluster, vips: dict[str, str], cap: Capture, cut,
     assert took < 4.0, took  # measured ~0.1 s; kinship's own reconnect would take tens of seconds
     assert ping_replies_from(c, cap, ip) == {c.mac(first)}
     assert c.vip(first, ip)["announcing"]
-    # back by re-announcing (in its own view it never lost the VIP) or, when the heartbeats told it
-    # that the others suspected it and it yielded the VIP (heartbeat.py), by announcing it afresh
+    # back by re-announcing (in its own view it never lost the VIP) or, when it yielded the VIP after
+    # the cut, by announcing it afresh: the heartbeats told it that the others suspected it
+    # (suspectedByPeer), or, thawed with a stale view, it had no quorum (noQuorum) or saw the interim
+    # owner's gratuitous ARP first (yieldedOnWire; docs/concepts.md, "When nodes disagree")
     reann = [e for e in c.events(first, "serviceReannounced") if e["ts"] >= _iso(t_heal - 1) and ip in e["ips"]]
     yielded = [e for e in c.events(first, "serviceWithdrawn") if e["ip"] == ip and e["ts"] >= _iso(t_cut - 1)
-               and e.get("reason") == "suspectedByPeer"]
+               and e.get("reason") in ("suspectedByPeer", "noQuorum", "yieldedOnWire", "quorumSettling")]
     fresh = [e for e in c.events(first, "serviceAnnounced") if e["ip"] == ip and e["ts"] >= _iso(t_heal - 1)]
-    assert reann or (yielded and fresh), (reann, yielded, fresh)
+    others = [e for e in c.events(first, "serviceWithdrawn") if e["ip"] == ip and e["ts"] >= _iso(t_cut - 1)]
+    assert reann or (yielded and fresh), (reann, yielded, fresh, others)
     if reann:
         text = c.seg.run(c.host(first).ns, "curl -s http://127.0.0.1:7472/metrics").stdout
         assert "nocloudlb_speaker_reannounced_total{reason=" in text
