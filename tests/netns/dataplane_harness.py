@@ -15,6 +15,7 @@ the client's subnet on-link (replies go straight to the client).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -22,6 +23,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable, Iterator
 
 import yaml
 
@@ -160,6 +162,23 @@ class Director:
                 self.proc.wait(timeout=10)
             except (OSError, RuntimeError, subprocess.TimeoutExpired, ValueError):
                 self.seg.kill(self.proc)
+
+
+@contextlib.contextmanager
+def directors(seg, env: dict[str, str] | None = None) -> Iterator[Callable[..., Director]]:
+    """``director(i)`` starts a speaker on host ``i`` of ``seg`` (with ``env``); all are closed afterwards."""
+    made: list[Director] = []
+
+    def director(i: int = 0) -> Director:
+        d = Director(seg, seg.hosts[i], env=env)
+        made.append(d)
+        return d
+
+    try:
+        yield director
+    finally:
+        for d in made:
+            d.close()
 
 
 def backends_of(st: dict, vip: str = VIP, proto: str = "tcp", port: int = 80) -> list[dict]:

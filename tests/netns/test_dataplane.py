@@ -14,8 +14,8 @@ from dataplane_harness import (
     CLIENT,
     HOLD_CODE,
     VIP,
-    Director,
     backends_of,
+    directors,
     in_table,
     point_client,
     prepare,
@@ -33,16 +33,8 @@ def netns_prefix() -> str:
 @pytest.fixture
 def lab(make_segment):
     seg = make_segment(hosts=4)
-    made: list[Director] = []
-
-    def director(i: int = 0) -> Director:
-        d = Director(seg, seg.hosts[i])
-        made.append(d)
-        return d
-
-    yield seg, director
-    for d in made:
-        d.close()
+    with directors(seg) as director:
+        yield seg, director
 
 
 def all_in(n: int):

@@ -17,7 +17,7 @@ import subprocess
 import sys
 
 import pytest
-from dataplane_harness import HOLD_CODE, VIP, Director, in_table, point_client, prepare, resources
+from dataplane_harness import HOLD_CODE, VIP, directors, in_table, point_client, prepare, resources
 from nocloudlb.bgp.flows import FLOW_TABLE, FlowHandover
 
 
@@ -29,16 +29,8 @@ def netns_prefix() -> str:
 @pytest.fixture
 def lab(make_segment):
     seg = make_segment(hosts=4)
-    made: list[Director] = []
-
-    def director(i: int = 0) -> Director:
-        d = Director(seg, seg.hosts[i])
-        made.append(d)
-        return d
-
-    yield seg, director
-    for d in made:
-        d.close()
+    with directors(seg) as director:
+        yield seg, director
 
 
 def _hold(seg, port: int):

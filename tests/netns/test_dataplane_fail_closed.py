@@ -19,6 +19,7 @@ from dataplane_harness import (
     Director,
     NftStandIn,
     backends_of,
+    directors,
     prepare,
     resources,
     route_vip,
@@ -39,17 +40,9 @@ def netns_prefix() -> str:
 @pytest.fixture
 def lab(make_segment, tmp_path):
     seg = make_segment(hosts=4)
-    made: list[Director] = []
     stand_in = NftStandIn(str(tmp_path))
-
-    def director(i: int = 0) -> Director:
-        d = Director(seg, seg.hosts[i], env=stand_in.env)
-        made.append(d)
-        return d
-
-    yield seg, director, stand_in, str(tmp_path)
-    for d in made:
-        d.close()
+    with directors(seg, env=stand_in.env) as director:
+        yield seg, director, stand_in, str(tmp_path)
 
 
 def docs(api_servers: list[str]) -> list[dict]:

@@ -16,7 +16,7 @@ import sys
 import time
 
 import pytest
-from dataplane_harness import VIP, Director, in_table, point_client, prepare, resources
+from dataplane_harness import VIP, directors, in_table, point_client, prepare, resources
 
 HEALTH = '{"type": "tcp", "interval": 0.5, "timeout": 0.4, "rise": 2, "fall": 2}'
 
@@ -48,16 +48,8 @@ def netns_prefix() -> str:
 @pytest.fixture
 def lab(make_segment):
     seg = make_segment(hosts=4)
-    made: list[Director] = []
-
-    def director(i: int = 0) -> Director:
-        d = Director(seg, seg.hosts[i])
-        made.append(d)
-        return d
-
-    yield seg, director
-    for d in made:
-        d.close()
+    with directors(seg) as director:
+        yield seg, director
 
 
 def test_a_killed_director_starts_again_without_refusing_a_connection(lab):
