@@ -232,8 +232,7 @@ class BgpMode:
                               "uptimeMsec": s.get("uptimeMsec", 0), "prefixesSent": s.get("prefixesSent", 0),
                               "sessionDowns": s.get("downs", 0),
                               "bfd": p.bfd_profile, "routes": routes.get(p.name, [])})
-            pending = self._desired is not None and (self._applied is None or self._desired.text != self._applied.text
-                                                     or _any(_minus(self._desired.networks, self._announced)))
+            pending = self._pending()
             return {
                 "peers": peers,
                 # per VIP, keyed by address; not "vips", which the speaker's status keeps for the
@@ -321,8 +320,7 @@ class BgpMode:
         if (self._healthy is not True or self._desired is None
                 or _any(_minus(self._announced, self._desired.networks)) or self.withdraw_backoff.backing_off):
             return []
-        pending = (self._applied is None or self._desired.text != self._applied.text
-                   or _any(_minus(self._desired.networks, self._announced)) or self.reload_backoff.backing_off)
+        pending = self._pending() or self.reload_backoff.backing_off
         wants = peer_wants(self._decision)
         views = []
         for p in self._decision.peers:
@@ -366,6 +364,12 @@ class BgpMode:
             self.frr.exec_vty(f"clear bgp{vrf} {view.address}" + ("" if hard else " soft out"))
 
     # -- worker: withdrawals now, the rest through frr-reload --------------------------------
+    def _pending(self) -> bool:
+        """A desired config FRR does not run yet: not reloaded, or networks a withdrawal removed
+        that it must announce again (the caller holds the condition)."""
+        return self._desired is not None and (self._applied is None or self._desired.text != self._applied.text
+                                              or _any(_minus(self._desired.networks, self._announced)))
+
     def rendered(self) -> Rendered | None:
         """The config FRR runs (last good), for tests and status."""
         with self._cond:
@@ -375,8 +379,7 @@ class BgpMode:
         """Wait until the desired config is the applied one (tests, benchmarks)."""
         deadline = time.monotonic() + timeout
         with self._cond:
-            while self._desired is not None and (self._applied is None or self._applied.text != self._desired.text
-                                                 or _any(_minus(self._desired.networks, self._announced))):
+            while self._pending():
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
