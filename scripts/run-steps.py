@@ -6,12 +6,16 @@ Each STEP runs as ``make --no-print-directory STEP``; its output streams through
 as it comes. What a step says about itself (pytest's "N passed", molecule's
 scenario recap, the install test's last line) is picked from its output for the
 table. Without --keep-going the first failing step stops the run and the rest are
-listed as not run. Exit status: 0 when every step passed, else 1.
+listed as not run. A failed step's own words about why (ansible's ``fatal:`` and
+``msg``, pytest's ``E`` and ``FAILED`` lines, tracebacks) are repeated under the
+table, so that the end of a long log still says what broke. Exit status: 0 when
+every step passed, else 1.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import re
@@ -32,15 +36,22 @@ NOTES = [
     (re.compile(r"^Success: (no issues found in \d+ source files)"), lambda m: f"mypy {m.group(1)}"),
     (re.compile(r"^All checks passed!"), lambda m: "ruff clean"),
 ]
+# lines that say why something failed; each starts an excerpt of itself and the lines after it
+WHY = re.compile(r"^(fatal: |failed: |FAILED |ERROR |E   |Traceback |AssertionError|assert )|FAILED! =>|\bmsg\b")
+WHY_AFTER = 12     # lines kept after a line that matched
+WHY_KEEP = 60      # lines kept in all, the last ones
+WHY_WIDTH = 400    # characters kept of one line
 
 
 def fmt_time(s: float) -> str:
     return f"{int(s // 60)} m {int(s % 60):02d} s" if s >= 60 else f"{s:.0f} s"
 
 
-def run_step(step: str) -> tuple[int, float, list[str]]:
+def run_step(step: str) -> tuple[int, float, list[str], list[str]]:
     t0 = time.monotonic()
     notes: list[str] = []
+    why: collections.deque[str] = collections.deque(maxlen=WHY_KEEP)
+    after = 0
     sanity = 0
     proc = subprocess.Popen(["make", "--no-print-directory", step], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1)
@@ -49,6 +60,12 @@ def run_step(step: str) -> tuple[int, float, list[str]]:
         sys.stdout.write(line)
         sys.stdout.flush()
         plain = ANSI.sub("", line).strip().lstrip("│ ").strip()
+        if WHY.search(plain):
+            after = WHY_AFTER + 1
+        if after:
+            after -= 1
+            short = ANSI.sub("", line).rstrip()
+            why.append(short if len(short) <= WHY_WIDTH else short[:WHY_WIDTH] + " [...]")
         for pat, render in NOTES:
             m = pat.search(plain)
             if m:
@@ -60,7 +77,7 @@ def run_step(step: str) -> tuple[int, float, list[str]]:
     rc = proc.wait()
     if sanity:
         notes.insert(0, f"{sanity} ansible-test sanity tests")
-    return rc, time.monotonic() - t0, notes
+    return rc, time.monotonic() - t0, notes, list(why) if rc else []
 
 
 def table(rows: list[list[str]], color: bool = False) -> str:
@@ -88,12 +105,12 @@ def main() -> int:
     stop = False
     for i, step in enumerate(a.steps, 1):
         if stop:
-            results.append({"step": step, "result": "not run", "seconds": 0.0, "notes": []})
+            results.append({"step": step, "result": "not run", "seconds": 0.0, "notes": [], "why": []})
             continue
         print(f"\n===== {a.title}: step {i}/{len(a.steps)}: make {step}", flush=True)
-        rc, secs, notes = run_step(step)
+        rc, secs, notes, why = run_step(step)
         results.append({"step": step, "result": "passed" if rc == 0 else f"failed (exit {rc})",
-                        "seconds": round(secs, 1), "notes": notes})
+                        "seconds": round(secs, 1), "notes": notes, "why": why})
         if rc != 0 and not a.keep_going:
             stop = True
     total = time.monotonic() - t0
@@ -107,6 +124,10 @@ def main() -> int:
     verdict = "all passed" if ok else f"{passed} of {len(results)} passed"
     print(f"\n===== {a.title}: {verdict} in {fmt_time(total)}")
     print(text)
+    for r in results:
+        if r.get("why"):
+            print(f"\n===== why {r['step']} failed (its last lines that said so)")
+            print("\n".join(r["why"]))
     if a.json:
         with open(a.json, "w") as fh:
             json.dump({"title": a.title, "ok": ok, "seconds": round(total, 1), "steps": results}, fh, indent=2)

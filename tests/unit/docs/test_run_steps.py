@@ -15,6 +15,9 @@ good:
 \t@echo "==== 3 passed, 1 skipped in 0.12s ===="
 bad:
 \t@echo broken; exit 3
+why:
+\t@echo 'TASK [count]'; echo 'fatal: [n1]: FAILED! => {"msg": "lost 3 requests"}'; echo detail; \\
+\t  for i in $$(seq 1 100); do echo filler $$i; done; exit 2
 never:
 \t@touch ran-never
 """
@@ -46,3 +49,15 @@ def test_keep_going_runs_every_step_and_all_passed_exits_0(tmp_path):
     assert (tmp_path / "ran-never").exists()
     res = run(tmp_path, "good", "never")
     assert res.returncode == 0 and "===== steps: all passed in" in res.stdout
+
+
+def test_a_failed_step_says_why_under_the_table(tmp_path):
+    res = run(tmp_path, "--keep-going", "--json", "r.json", "why", "good")
+    assert res.returncode == 1
+    tail = res.stdout[res.stdout.index("===== steps: 1 of 2 passed"):]
+    why = tail[tail.index("===== why why failed"):].splitlines()
+    assert why[1] == 'fatal: [n1]: FAILED! => {"msg": "lost 3 requests"}' and why[2] == "detail"
+    assert "filler 100" not in tail  # an excerpt of the failure, not the step's whole output
+    assert "===== why good" not in tail  # nothing for steps that passed
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert doc["steps"][0]["why"][0].startswith("fatal:") and doc["steps"][1]["why"] == []
