@@ -80,9 +80,13 @@ options:
     type: int
     default: 254
   priority_step:
-    description: Priority drop per place in the election order (0 would tie, and is refused).
+    description:
+      - Priority drop per place in the election order (0 would tie, and is refused).
+      - Unset, the candidates of each instance are spread evenly over 1 to O(priority_base) (3 nodes get 254, 128,
+        2). A backup takes over a master that gives up after (256 - priority) / 256 advert intervals, so priorities
+        1 apart fire 1/256 of an interval apart, too close for the first's advert to stop the second; both then send
+        gratuitous ARPs and clients may follow the one that steps back.
     type: int
-    default: 1
   unicast:
     description: Send adverts to the other members' addresses (C(unicast_peer)) instead of multicast.
     type: bool
@@ -225,7 +229,7 @@ def main():
         group_by=dict(type="str", choices=["vip", "pool"], default="vip"),
         interface=dict(type="str", default="eth0"),
         priority_base=dict(type="int", default=254),
-        priority_step=dict(type="int", default=1),
+        priority_step=dict(type="int"),
         unicast=dict(type="bool", default=False),
         auth_pass=dict(type="str", default="", no_log=True),
         vrids=dict(type="dict", default={}),

@@ -69,7 +69,7 @@ def test_priorities_follow_our_election_order_and_master_is_our_leader():
         name = f"vip_{ip.replace('.', '_')}_eth0"
         prios = {n: int(field(blocks(confs[n], "vrrp_instance")[name], "priority")) for n in confs}
         assert sorted(prios, key=lambda n: -prios[n]) == order
-        assert prios[order[0]] == 254 and prios[order[1]] == 253 and prios[order[2]] == 252
+        assert prios[order[0]] == 254 and prios[order[1]] == 128 and prios[order[2]] == 2  # spread (default step)
         assert field(blocks(confs[order[0]], "vrrp_instance")[name], "state") == "MASTER"
         assert field(blocks(confs[order[1]], "vrrp_instance")[name], "state") == "BACKUP"
         assert p.masters()[ip] == order[0]
@@ -83,6 +83,20 @@ def test_priority_step_and_base():
     p = k.plan(base_docs(svc("a", "198.51.100.200")), NODES3, {"priority_base": 200, "priority_step": 50})
     assert sorted(m.priority for m in p.instances[0].members) == [100, 150, 200]
     render_all(p)
+
+
+def test_default_step_spreads_the_candidates_so_backups_never_fire_together():
+    # a backup takes over a master that gave up (priority 0) after (256 - priority) / 256 x advert_int:
+    # at step 1 two backups fire 0.4 ms apart (0.1 s adverts) and both become master
+    p = k.plan(base_docs(svc("a", "198.51.100.200")), NODES3, {"profile": "fast"})
+    prios = [m.priority for m in p.instances[0].members]
+    assert prios == [254, 128, 2]
+    skews = [(256 - x) / 256 * p.advert_int for x in prios]
+    assert min(b - a for a, b in zip(skews, skews[1:], strict=False)) > 0.045
+    nodes = [{"name": f"m{i:02d}", "interfaces": ["eth0"]} for i in range(12)]
+    many = k.plan(base_docs(svc("a", "198.51.100.200")), nodes)
+    assert [m.priority for m in many.instances[0].members] == [254 - 23 * i for i in range(12)]
+    assert k.spread_step(254, 254) == 1 and k.spread_step(254, 1) == 1
 
 
 def test_preferred_node_selectors_come_first_as_in_the_speaker():
