@@ -42,6 +42,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .healthcheck import parse_health_check
+
 API_VERSION = "nocloud.io/v1alpha1"
 METHODS = ("nat", "fullnat", "dr", "tun")
 SCHEDULERS = ("rr", "wrr", "sh", "maglev")
@@ -101,8 +103,6 @@ def _health_check(value: Any) -> dict:
     ``tcp://:8080`` or ``{"type": "http", "path": "/healthz"}``: host (and port, when not
     given) come from each server. Naming a host is refused: it would check one machine for all.
     """
-    from .schema import parse_health_check  # noqa: PLC0415 - schema imports this module lazily
-
     given_host = given_port = None
     if isinstance(value, dict):
         given_host, given_port = value.get("host"), value.get("port")
