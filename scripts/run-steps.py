@@ -37,9 +37,9 @@ NOTES = [
     (re.compile(r"^All checks passed!"), lambda m: "ruff clean"),
 ]
 # lines that say why something failed; each starts an excerpt of itself and the lines after it
-WHY = re.compile(r"^(fatal: |failed: |FAILED |ERROR |E   |Traceback |AssertionError|assert )|FAILED! =>|\bmsg\b")
-WHY_AFTER = 12     # lines kept after a line that matched
-WHY_KEEP = 60      # lines kept in all, the last ones
+WHY = re.compile(r"^(fatal: |failed: |FAILED |ERROR |E   |Traceback |AssertionError|assert )|FAILED! =>")
+WHY_AFTER = 24     # lines kept after the line that started an excerpt
+WHY_BLOCKS = 2     # excerpts kept from the start and from the end each (the first error is often the cause)
 WHY_WIDTH = 400    # characters kept of one line
 
 
@@ -50,7 +50,8 @@ def fmt_time(s: float) -> str:
 def run_step(step: str) -> tuple[int, float, list[str], list[str]]:
     t0 = time.monotonic()
     notes: list[str] = []
-    why: collections.deque[str] = collections.deque(maxlen=WHY_KEEP)
+    first: list[list[str]] = []
+    why: collections.deque[list[str]] = collections.deque(maxlen=WHY_BLOCKS)
     after = 0
     sanity = 0
     proc = subprocess.Popen(["make", "--no-print-directory", step], stdout=subprocess.PIPE,
@@ -60,12 +61,18 @@ def run_step(step: str) -> tuple[int, float, list[str], list[str]]:
         sys.stdout.write(line)
         sys.stdout.flush()
         plain = ANSI.sub("", line).strip().lstrip("│ ").strip()
-        if WHY.search(plain):
-            after = WHY_AFTER + 1
+        short = ANSI.sub("", line).rstrip()
+        short = short if len(short) <= WHY_WIDTH else short[:WHY_WIDTH] + " [...]"
         if after:
             after -= 1
-            short = ANSI.sub("", line).rstrip()
-            why.append(short if len(short) <= WHY_WIDTH else short[:WHY_WIDTH] + " [...]")
+            why[-1].append(short)
+        elif WHY.search(plain):  # a new excerpt starts only outside one: its own lines cannot extend it
+            if len(first) < WHY_BLOCKS:
+                first.append([short])
+                why.append(first[-1])
+            else:
+                why.append([short])
+            after = WHY_AFTER
         for pat, render in NOTES:
             m = pat.search(plain)
             if m:
@@ -77,7 +84,8 @@ def run_step(step: str) -> tuple[int, float, list[str], list[str]]:
     rc = proc.wait()
     if sanity:
         notes.insert(0, f"{sanity} ansible-test sanity tests")
-    return rc, time.monotonic() - t0, notes, list(why) if rc else []
+    blocks = first + [b for b in why if not any(b is f for f in first)]
+    return rc, time.monotonic() - t0, notes, [ln for block in blocks for ln in block] if rc else []
 
 
 def table(rows: list[list[str]], color: bool = False) -> str:

@@ -17,7 +17,7 @@ bad:
 \t@echo broken; exit 3
 why:
 \t@echo 'TASK [count]'; echo 'fatal: [n1]: FAILED! => {"msg": "lost 3 requests"}'; echo detail; \\
-\t  for i in $$(seq 1 100); do echo filler $$i; done; exit 2
+\t  for i in $$(seq 1 100); do echo "filler msg $$i"; done; echo 'ERROR the scenario failed'; exit 2
 never:
 \t@touch ran-never
 """
@@ -57,7 +57,10 @@ def test_a_failed_step_says_why_under_the_table(tmp_path):
     tail = res.stdout[res.stdout.index("===== steps: 1 of 2 passed"):]
     why = tail[tail.index("===== why why failed"):].splitlines()
     assert why[1] == 'fatal: [n1]: FAILED! => {"msg": "lost 3 requests"}' and why[2] == "detail"
-    assert "filler 100" not in tail  # an excerpt of the failure, not the step's whole output
+    # excerpts, not the step's whole output: the first (the fatal line) and the last (what the tool
+    # said at the end), however long the output between them
+    assert "filler msg 30" not in tail and len(why) < 4 * 14
+    assert "ERROR the scenario failed" in why
     assert "===== why good" not in tail  # nothing for steps that passed
     doc = json.loads((tmp_path / "r.json").read_text())
     assert doc["steps"][0]["why"][0].startswith("fatal:") and doc["steps"][1]["why"] == []
