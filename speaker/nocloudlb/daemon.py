@@ -67,8 +67,9 @@ from .heartbeat import Heartbeat
 from .l2.mode import L2View, VipRow
 from .membership import KeyFileError, Membership, MembershipSettings, read_key_file, split_addr
 from .metadata import MetaCodec, PeerInfo
-from .modes import FAIL_BOUND, FailClock, Mode, ModeRunner, StepFailed, Steps
+from .modes import FAIL_BOUND, FailClock, Mode, ModeRunner, StepFailed
 from .quorumwire import QuorumWiring
+from .runtime import Runtime, mode_rows
 from .state import LabelStore
 
 log = logging.getLogger("nocloudlb.speaker")
@@ -85,40 +86,40 @@ RESTART_FIELDS = ("node_name", "bind", "join", "profile", "overrides", "socket",
 EXIT_MEMBERSHIP_CLOSED = 3
 
 
-def mode_rows(st: dict) -> list[dict]:
-    """A mode status's VIP rows (``vips``: one owner per VIP, as layer 2 keeps them), rows only."""
-    rows = st.get("vips")
-    return [v for v in rows if isinstance(v, dict) and "ip" in v] if isinstance(rows, list) else []
+def _via(part: str, name: str) -> Any:
+    """A Speaker attribute kept by one of its parts: callers and tests read and set it under the old name."""
+    return property(lambda self: getattr(getattr(self, part), name),
+                    lambda self, value: setattr(getattr(self, part), name, value))
 
 
 class Speaker:
+    # the live parts (runtime.py) under the names callers and tests use
+    membership = _via("rt", "membership")
+    heartbeat = _via("rt", "heartbeat")
+    health = _via("rt", "health")
+    labels = _via("rt", "labels")
+    l2 = _via("rt", "l2")
+    modes = _via("rt", "modes")
+    steps = _via("rt", "steps")
+    ready = _via("rt", "ready")
+
     def __init__(self, config_path: str, announcer_factory: Any = None, delivery: Any = None) -> None:
         self.config_path = config_path
         self.holder = ConfigHolder(config_path)
         self.events: queue.SimpleQueue[str] = queue.SimpleQueue()
-        self.ready = False
+        self.rt = Runtime(self.post, delivery=delivery)  # the live parts, made at start (runtime.py)
         self.keys: list[str] | None = None
         self.cfg: SpeakerConfig | None = None
-        self.membership: Membership | None = None
-        self.heartbeat: Heartbeat | None = None  # heartbeat: direct heartbeats (fast suspicion, drains)
-        self._quorum: QuorumWiring | None = None  # quorumwire.py: who may take VIPs, made at start
-        self.health: HealthChecker | None = None
         self.control: Any = None
-        self.labels: LabelStore | None = None
         self.codec: MetaCodec | None = None
-        self.modes: list[ModeRunner] = []
-        self.l2: Any = None  # the layer-2 mode (nocloudlb.l2.mode.L2Mode)
         self._announcer_factory = announcer_factory
-        self._delivery = delivery
         self._last_meta: dict[str, str] = {}  # the metadata kinship accepted last: what peers see
         self._meta_error = ""
         self._peers: dict[str, PeerInfo] = {}
         self._lock = threading.Lock()
         self._stopping = False
-        self._closed = False  # the gossip layer stopped: fail closed and exit
         self._restart_pending: list[str] = []
         self._peer_configs: dict[str, str] = {}
-        self.steps = Steps()  # failures per step, behind their barriers (nocloudlb.modes)
         self._loop_clock = FailClock()  # iterations failing: fail closed after FAIL_BOUND
         self._fail_noted = ""  # what makes this node publish itself excluded: "loop", a mode's name, or ""
         self._fail_since = ""
@@ -130,7 +131,7 @@ class Speaker:
 
     @property
     def announcer(self) -> Any:
-        return self.l2.announcer if self.l2 is not None else None
+        return self.rt.l2.announcer if self.rt.l2 is not None else None
 
     # -- posting from other threads / signal handlers ---------------------------------------
     def post(self, what: str = "change") -> None:
@@ -186,8 +187,8 @@ class Speaker:
         if prev is not None and local_services(prev.parsed) != local_services(cfg.parsed):
             previous = self._previous_local = local_services(prev.parsed)
         self.codec = MetaCodec(local_services(cfg.parsed), label_keys(cfg.parsed), cfg.digest, previous=previous)
-        assert self.health is not None
-        self.health.configure(health_specs(cfg.parsed)[0])
+        assert self.rt.health is not None
+        self.rt.health.configure(health_specs(cfg.parsed)[0])
         if prev is not None:
             self._use_keys(self.keys)
         logs.event(log, "configLoaded", path=cfg.path, digest=cfg.digest, pools=len(cfg.parsed.pools),
@@ -202,11 +203,11 @@ class Speaker:
         if keys is None:
             return  # no key file: switching a running node between keyed and unkeyed needs a restart
         self.keys = keys
-        if self.heartbeat is not None:
-            self.heartbeat.set_keys(keys)
-        if self.membership is not None and keys != self.membership.keys:
+        if self.rt.heartbeat is not None:
+            self.rt.heartbeat.set_keys(keys)
+        if self.rt.membership is not None and keys != self.rt.membership.keys:
             try:
-                self.membership.set_keys(keys)
+                self.rt.membership.set_keys(keys)
             except (kinship.KinshipError, ValueError, TimeoutError) as exc:
                 logs.event(log, "memberlistKeysFailed", str(exc), logging.ERROR)
 
@@ -295,23 +296,23 @@ class Speaker:
 
         modes: list[Mode] = []
         # mode: l2
-        self._delivery = self._delivery or delivery
-        self._delivery.prepare_host()
+        self.rt.delivery = self.rt.delivery or delivery
+        self.rt.delivery.prepare_host()
         factory = self._announcer_factory or L2Announcer
         handover = None
         if self._announcer_factory is None and cfg.handover_grace > 0:
             from .l2.handover import HandoverForwarder  # noqa: PLC0415
 
             handover = HandoverForwarder(logging.getLogger("nocloudlb.l2"), grace=cfg.handover_grace)
-        self.l2 = L2Mode(None, self._delivery, cfg.state_dir, gate=self._gate, member_macs=self.member_macs,
+        self.rt.l2 = L2Mode(None, self.rt.delivery, cfg.state_dir, gate=self._gate, member_macs=self.member_macs,
                          handover=handover, post=self.post, other_lo=self._other_lo,
-                         suspecters=self._suspecters, quorum=self.quorum)
-        self.l2.announcer = factory(cfg.node_name, logging.getLogger("nocloudlb.l2"),
-                                    is_peer_mac=self.l2.is_peer_mac, rate=cfg.announce_rate,
+                         suspecters=self.rt.suspecters, quorum=self.quorum)
+        self.rt.l2.announcer = factory(cfg.node_name, logging.getLogger("nocloudlb.l2"),
+                                    is_peer_mac=self.rt.l2.is_peer_mac, rate=cfg.announce_rate,
                                     burst=cfg.announce_burst)
-        if hasattr(self.l2.announcer, "on_contest"):  # another member announcing a VIP we hold: the wire rule
-            self.l2.announcer.on_contest = self.l2.wire.contest
-        modes.append(self.l2)
+        if hasattr(self.rt.l2.announcer, "on_contest"):  # another member announcing a VIP we hold: the wire rule
+            self.rt.l2.announcer.on_contest = self.rt.l2.wire.contest
+        modes.append(self.rt.l2)
         return modes
 
     # Modes a config may ask for after start (a reload that adds Backends or BGPPeers): each
@@ -343,14 +344,14 @@ class Speaker:
     def _other_lo(self) -> set[str]:
         """VIPs the modes other than layer 2 serve (BGP): the layer-2 mode holds them on lo too."""
         held: set[str] = set()
-        for m in self.modes:
+        for m in self.rt.modes:
             lo_vips = getattr(m.mode, "lo_vips", None)
             if m.name != "l2" and lo_vips is not None:
                 held |= set(lo_vips())
         return held
 
     def _ensure_modes(self, cfg: SpeakerConfig) -> None:
-        running = {m.name for m in self.modes}
+        running = {m.name for m in self.rt.modes}
         for name, needed, make in self._optional_modes():
             if name in running or not needed(cfg.parsed):
                 continue
@@ -364,16 +365,16 @@ class Speaker:
                 logs.event(log, "modeFailed", f"cannot start the {name} mode: {exc}", logging.ERROR, mode=name)
                 continue
             # before layer 2, which applies last: it holds on lo what the others serve (lo_vips)
-            self.modes.insert(0, ModeRunner(mode, self.steps))
+            self.rt.modes.insert(0, ModeRunner(mode, self.rt.steps))
             logs.event(log, "modeStarted", mode=name)
 
     def _start(self, cfg: SpeakerConfig) -> None:
-        self.labels = LabelStore(cfg.state_dir)
-        self.health = HealthChecker(self.post)
+        self.rt.labels = LabelStore(cfg.state_dir)
+        self.rt.health = HealthChecker(self.post)
         self._apply_config(cfg, first=True)
         for mode in self._build_modes(cfg):
-            runner = ModeRunner(mode, self.steps)
-            self.modes.append(runner)
+            runner = ModeRunner(mode, self.rt.steps)
+            self.rt.modes.append(runner)
             mode.start()
 
         from .control import ControlServer
@@ -384,13 +385,13 @@ class Speaker:
         self._metrics = serve(cfg.metrics_bind, self.metrics_snapshot)
 
         settings = MembershipSettings(cfg.node_name, cfg.bind, cfg.join, self.keys, cfg.profile, cfg.overrides)
-        self._quorum = QuorumWiring(cfg, lambda: self.membership, self.post)
-        self.membership = Membership(settings, self.post, logging.getLogger("nocloudlb.membership"),
+        self.rt.quorum = QuorumWiring(cfg, lambda: self.rt.membership, self.post)
+        self.rt.membership = Membership(settings, self.post, logging.getLogger("nocloudlb.membership"),
                                      on_heal=lambda reason, node: self.post(f"heal\t{reason}\t{node}"),
                                      on_message=self._on_message)
         self._install_signals()
         meta = self._meta()
-        self.membership.start(meta)
+        self.rt.membership.start(meta)
         self._last_meta = meta
         self._start_heartbeat(settings, meta)
 
@@ -409,19 +410,14 @@ class Speaker:
             logs.event(log, "heartbeatFailed", f"cannot bind the heartbeat port {int(port) + offset}: {exc}; "
                        "failure detection falls back to gossip (slower)", logging.ERROR)
             return
-        self.heartbeat = hb
+        self.rt.heartbeat = hb
         hb.set_meta(meta)
-        if self._quorum is not None:
-            self._quorum.attach(hb, self.l2)
+        if self.rt.quorum is not None:
+            self.rt.quorum.attach(hb, self.rt.l2)
 
     def quorum(self) -> bool:
         """This node is connected to a majority of the cluster's votes (quorumwire.py): it may take VIPs."""
-        return self._quorum.has() if self._quorum is not None else False
-
-    def _suspecters(self) -> frozenset[str]:
-        """Members that suspect this node now (heartbeat.py's rule 2 and 3): it yields them the VIPs
-        they take."""
-        return self.heartbeat.view().suspecters if self.heartbeat is not None else frozenset()
+        return self.rt.has_quorum()
 
     def _install_signals(self) -> None:
         signal.signal(signal.SIGTERM, lambda *_: self.post("stop"))
@@ -434,7 +430,7 @@ class Speaker:
         next_wd = time.monotonic()
         while True:
             timeout = 1.0 if wd is None else max(0.05, min(1.0, next_wd - time.monotonic()))
-            if any(m.hook("busy") for m in self.modes):
+            if any(m.hook("busy") for m in self.rt.modes):
                 timeout = min(timeout, 0.1)  # log serviceAnnounced as soon as the check ends
             settle_left = self._settle_until - time.monotonic()
             if settle_left > 0:  # decide again as soon as the start-up settle ends
@@ -457,7 +453,7 @@ class Speaker:
                 time.sleep(0.05)
             else:
                 self._iteration_ok()
-            if self._closed:
+            if self.rt.closed:
                 return EXIT_MEMBERSHIP_CLOSED
             if wd is not None and time.monotonic() >= next_wd:
                 sdnotify.notify("WATCHDOG=1")
@@ -469,26 +465,26 @@ class Speaker:
         if isinstance(exc, StepFailed):
             error = f"{exc.step}: {exc.error}"  # counted and logged by its own barrier
         else:
-            error = self.steps.failed("loop", exc, "loopError", "the decision loop failed: this node keeps what "
+            error = self.rt.steps.failed("loop", exc, "loopError", "the decision loop failed: this node keeps what "
                                       "it holds and retries")
         self._loop_clock.failed(error)
         if not self._loop_clock.tripped:
             return
         self._note_fail_closed()
-        self.steps.run("publish", self._publish)
+        self.rt.steps.run("publish", self._publish)
         mine = self.published()
         if not (mine is not None and DRAIN_LABEL in mine.labels) and not self._withdrawn_unpublished:
             logs.event(log, "failClosedUnpublished", "cannot publish this node excluded: withdrawing at once",
                        logging.ERROR, error=self._meta_error)
         self._withdrawn_unpublished = not (mine is not None and DRAIN_LABEL in mine.labels)
-        for m in self.modes:  # after the drain went out: peers take over by a planned move
+        for m in self.rt.modes:  # after the drain went out: peers take over by a planned move
             m.withdraw_all()
 
     _withdrawn_unpublished = False
 
     def _iteration_ok(self) -> None:
         if self._loop_clock.since is not None or self._loop_clock.tripped:
-            self.steps.ok("loop")
+            self.rt.steps.ok("loop")
             if self._loop_clock.succeeded():
                 self._note_fail_closed()
 
@@ -496,7 +492,7 @@ class Speaker:
         """Why this node publishes itself excluded for failing ("" when it does not)."""
         if self._loop_clock.tripped:
             return f"the decision loop has failed for over {FAIL_BOUND:g}s: {self._loop_clock.reason}"
-        for m in list(self.modes):
+        for m in list(self.rt.modes):
             if m.clock.tripped:
                 return f"the {m.name} mode has failed for over {FAIL_BOUND:g}s: {m.clock.reason}"
         return ""
@@ -504,7 +500,7 @@ class Speaker:
     def _note_fail_closed(self) -> None:
         """Log a change of the fail-closed exclusion and reconcile at once, so that it is published now
         (a change of what fails, not of its error text: that would reconcile in a tight loop)."""
-        what = "loop" if self._loop_clock.tripped else next((m.name for m in self.modes if m.clock.tripped), "")
+        what = "loop" if self._loop_clock.tripped else next((m.name for m in self.rt.modes if m.clock.tripped), "")
         if what == self._fail_noted:
             return
         if what:
@@ -544,13 +540,13 @@ class Speaker:
     def _l2_lease(self) -> float:
         """One step of the lease renewal; the longest the wait may last before the next one."""
         renew = getattr(self.announcer, "renew_lease", None)
-        if renew is None or self.membership is None:
+        if renew is None or self.rt.membership is None:
             return 1.0
         try:
             if self._lease is None:
                 from .l2.lease import Renewal, lease_seconds  # noqa: PLC0415
 
-                interval, miss, _offset = self.membership.settings.heartbeat()
+                interval, miss, _offset = self.rt.membership.settings.heartbeat()
                 self._lease = Renewal(lease_seconds(interval, miss), settle=2 * interval)
             sleep, event = self._lease.step(time.monotonic_ns(), renew)
         except Exception as exc:  # noqa: BLE001 - outside the loop's barrier: the lease lapses, the loop goes on
@@ -568,10 +564,10 @@ class Speaker:
     def _iteration(self, items: list[str]) -> None:
         if "reload" in items:
             logs.event(log, "configReload", "reloading on SIGHUP", path=self.config_path)
-            self.steps.run("reload", self.reload)
-        self.steps.run("keyFile", self._poll_key_file)
+            self.rt.steps.run("reload", self.reload)
+        self.rt.steps.run("keyFile", self._poll_key_file)
         self.reconcile()
-        if self._closed:
+        if self.rt.closed:
             return
         heals = []
         for item in items:
@@ -580,17 +576,17 @@ class Speaker:
                 heals.append((reason, node))
         if heals:
             self.reannounce(heals)
-        assert self.membership is not None
-        if not self.ready and self.membership.first_join_done.is_set():
-            self.ready = True
+        assert self.rt.membership is not None
+        if not self.rt.ready and self.rt.membership.first_join_done.is_set():
+            self.rt.ready = True
             sdnotify.notify("READY=1\nSTATUS=serving")
-            logs.event(log, "speakerReady", members=len(self.membership.members()))
+            logs.event(log, "speakerReady", members=len(self.rt.membership.members()))
 
     def reannounce(self, heals: list[tuple[str, str]] | list[str]) -> list[str]:
         """Let each mode re-announce what may have moved behind this node's back after a heal."""
         pairs = [tuple((h.split("\t") + ["", ""])[1:3]) if isinstance(h, str) else h for h in heals]
         out: list[str] = []
-        for m in self.modes:
+        for m in self.rt.modes:
             out.extend(m.hook("on_heal", pairs) or [])
         return out
 
@@ -600,20 +596,20 @@ class Speaker:
         sdnotify.notify("STOPPING=1")
         # stop answering first: the successor announces when it sees us leave, and by then nobody
         # here answers any more (a stop costs a few ms of no answer, never two answers)
-        for m in self.modes:
+        for m in self.rt.modes:
             m.withdraw_all()
-        if self.membership is not None:
-            self.membership.leave(timeout=1.0)
-        if self.heartbeat is not None:
-            self.heartbeat.close()
-        if self._quorum is not None:
-            self._quorum.close()
-        for m in self.modes:
+        if self.rt.membership is not None:
+            self.rt.membership.leave(timeout=1.0)
+        if self.rt.heartbeat is not None:
+            self.rt.heartbeat.close()
+        if self.rt.quorum is not None:
+            self.rt.quorum.close()
+        for m in self.rt.modes:
             m.close()
         if self.control is not None:
             self.control.stop()
-        if self.health is not None:
-            self.health.stop()
+        if self.rt.health is not None:
+            self.rt.health.stop()
         if self._metrics is not None:
             self._metrics.shutdown()
         logs.event(log, "speakerStopped")
@@ -623,14 +619,14 @@ class Speaker:
 
     # -- the decision ----------------------------------------------------------------------
     def my_labels(self) -> dict[str, str]:
-        assert self.cfg is not None and self.labels is not None
-        return self.labels.apply(self.cfg.node_labels)
+        assert self.cfg is not None and self.rt.labels is not None
+        return self.rt.labels.apply(self.cfg.node_labels)
 
     def _meta(self) -> dict[str, str]:
-        assert self.codec is not None and self.health is not None
+        assert self.codec is not None and self.rt.health is not None
         macs: list[bytes] = []
         labels = self.my_labels()
-        for m in self.modes:
+        for m in self.rt.modes:
             meta = m.hook("meta") or {}
             macs.extend(meta.get("macs", []))
             if meta.get("exclude"):  # a mode cannot serve safely (l2: ARP sysctls): peers elect others
@@ -638,14 +634,14 @@ class Speaker:
         if self._fail_reason():  # a failure persists (loop or mode): peers take over by a planned move
             labels = {**labels, DRAIN_LABEL: ""}
         # unknown health is not health: only the Local-policy services move away
-        _ok, healthy = self.steps.run("health", self.health.healthy, default=frozenset())
+        _ok, healthy = self.rt.steps.run("health", self.rt.health.healthy, default=frozenset())
         return self.codec.encode(labels, healthy, macs)
 
     _settle_until = 0.0  # monotonic time before which a node that found no peer at start announces nothing
 
     def _gate(self) -> str:
         """Why this node may not announce anything now ("" when it may)."""
-        ml = self.membership
+        ml = self.rt.membership
         if ml is None or not ml.first_join_done.is_set():
             return "notReady"  # never take addresses before the first join: peers may hold them
         if ml.join_state == "joinFailed" and ml.join_refused:
@@ -678,10 +674,10 @@ class Speaker:
         mine = self.published()
         views = [NodeView(me, dict(mine.labels) if mine else {}, "alive", mine.healthy if mine else frozenset())]
         peers: dict[str, PeerInfo] = {}
-        members = self.membership.members() if self.membership else []
-        hb = self.heartbeat.view() if self.heartbeat is not None else None
-        if self.heartbeat is not None:
-            self.steps.run("heartbeatPeers", self._heartbeat_peers, members)
+        members = self.rt.membership.members() if self.rt.membership else []
+        hb = self.rt.heartbeat.view() if self.rt.heartbeat is not None else None
+        if self.rt.heartbeat is not None:
+            self.rt.steps.run("heartbeatPeers", self._heartbeat_peers, members)
         for m in members:
             if m.name == me:
                 continue
@@ -703,8 +699,8 @@ class Speaker:
         return views
 
     def _heartbeat_peers(self, members: list) -> None:
-        assert self.heartbeat is not None and self.cfg is not None
-        offset = self.heartbeat.port - split_addr(self.cfg.bind)[1]
+        assert self.rt.heartbeat is not None and self.cfg is not None
+        offset = self.rt.heartbeat.port - split_addr(self.cfg.bind)[1]
         peers = {}
         for m in members:
             if m.name == self.cfg.node_name or m.state not in ("alive", "suspect"):
@@ -714,21 +710,21 @@ class Speaker:
             except ValueError:
                 continue  # no port to offset: no heartbeat for it
             peers[m.name] = ((host, port + offset), m.state)
-        self.heartbeat.set_peers(peers)
-        if self._quorum is not None:
-            self.heartbeat.set_quorum_basis(*self._quorum.basis(members))
+        self.rt.heartbeat.set_peers(peers)
+        if self.rt.quorum is not None:
+            self.rt.heartbeat.set_quorum_basis(*self.rt.quorum.basis(members))
 
     def _publish(self) -> None:
-        assert self.membership is not None
+        assert self.rt.membership is not None
         meta = self._meta()
         if meta == self._last_meta:
             return
         try:
-            self.membership.set_meta(meta)
+            self.rt.membership.set_meta(meta)
             self._last_meta = meta
             self._meta_error = ""
-            if self.heartbeat is not None:
-                self.heartbeat.set_meta(meta)  # published: peers get it at once (a drain), not a gossip round later
+            if self.rt.heartbeat is not None:
+                self.rt.heartbeat.set_meta(meta)  # published: peers get it at once (a drain), not a gossip round later
         except kinship.MetaTooLarge:
             self._meta_error = "metadata larger than 512 bytes"
             logs.event(log, "metadataTooLarge", "labels used by node selectors do not fit in 512 bytes; "
@@ -740,28 +736,28 @@ class Speaker:
 
     def reconcile(self) -> None:
         cfg = self.cfg
-        if cfg is None or self.membership is None or self._stopping:
+        if cfg is None or self.rt.membership is None or self._stopping:
             return
-        if self.membership.closed:
-            if not self._closed:
-                self._closed = True
+        if self.rt.membership.closed:
+            if not self.rt.closed:
+                self.rt.closed = True
                 logs.event(log, "memberlistClosed", "the gossip layer stopped: the cluster view is unknown; "
                            "withdrawing everything and exiting so the service manager restarts the speaker",
                            logging.ERROR)
-            for m in self.modes:
+            for m in self.rt.modes:
                 m.withdraw_all()
             return
-        self.steps.run("publish", self._publish)  # failing: decide from the last published state
-        ok, nodes = self.steps.run("view", self.node_views)
+        self.rt.steps.run("publish", self._publish)  # failing: decide from the last published state
+        ok, nodes = self.rt.steps.run("view", self.node_views)
         if not ok:  # no view to hand the modes: the loop's barrier decides (keep, then fail closed)
-            raise StepFailed("view", self.steps.failing.get("view", ""))
-        self.steps.run("modes", self._ensure_modes, cfg)
-        for m in self.modes:
+            raise StepFailed("view", self.rt.steps.failing.get("view", ""))
+        self.rt.steps.run("modes", self._ensure_modes, cfg)
+        for m in self.rt.modes:
             m.apply(cfg.node_name, nodes, cfg.parsed)  # behind ModeRunner's barrier
         self._note_fail_closed()
         if self._settled is not cfg.parsed:  # issue 10: no full collection over the config in a reconcile
             self._settled = cfg.parsed
-            self.steps.run("settle", memory.settle)
+            self.rt.steps.run("settle", memory.settle)
 
     # -- control ---------------------------------------------------------------------------
     def handle(self, req: dict) -> dict:
@@ -772,13 +768,13 @@ class Speaker:
             except ValueError as exc:  # a bad VIP filter (statusview.select_vips)
                 return {"ok": False, "error": str(exc)}
             except Exception as exc:  # noqa: BLE001 - counted; the decision thread is not concerned
-                return {"ok": False, "error": f"status failed: {self.steps.failed('status', exc)}"}
+                return {"ok": False, "error": f"status failed: {self.rt.steps.failed('status', exc)}"}
         if cmd == "label":
             return self._label(req)
         if cmd == "reload":
             return self._reload_and_wait()
         if cmd == "keys":
-            return {"ok": True, "keyIds": self.membership.key_ids() if self.membership else []}
+            return {"ok": True, "keyIds": self.rt.membership.key_ids() if self.rt.membership else []}
         if cmd == "peerView":
             ips = req.get("ips") or []
             if not isinstance(ips, list):
@@ -797,16 +793,16 @@ class Speaker:
             return
         if not isinstance(msg, dict):
             return
-        if msg.get("q") == "view" and isinstance(msg.get("id"), str) and self.membership is not None:
+        if msg.get("q") == "view" and isinstance(msg.get("id"), str) and self.rt.membership is not None:
             ips = [str(ip) for ip in (msg.get("ips") or [])[:256]] if isinstance(msg.get("ips"), list) else []
             info = self._peers.get(sender)
-            state = next((m.state for m in self.membership.members() if m.name == sender), "unknown")
-            leaders = {v["ip"]: v.get("leader") for m in self.modes for v in mode_rows(m.status())
+            state = next((m.state for m in self.rt.membership.members() if m.name == sender), "unknown")
+            leaders = {v["ip"]: v.get("leader") for m in self.rt.modes for v in mode_rows(m.status())
                        if v.get("ip") in ips}
             reply = {"r": msg["id"][:64], "node": self.cfg.node_name if self.cfg else "", "about": sender,
                      "state": state, "labels": dict(info.labels) if info else {}, "leaders": leaders}
             try:
-                self.membership.send(sender, json.dumps(reply).encode(), timeout=1.0)
+                self.rt.membership.send(sender, json.dumps(reply).encode(), timeout=1.0)
             except (kinship.KinshipError, TimeoutError, RuntimeError) as exc:
                 logs.event(log, "peerViewFailed", f"cannot answer {sender}: {exc}", logging.DEBUG)
         elif isinstance(msg.get("r"), str):
@@ -819,7 +815,7 @@ class Speaker:
     def peer_view(self, ips: list[str], timeout: float = 2.0) -> dict:
         """Ask the other live members how they see this node and who leads ``ips``; the first answer."""
         me = self.cfg.node_name if self.cfg else ""
-        peers = [m.name for m in (self.membership.members() if self.membership else [])
+        peers = [m.name for m in (self.rt.membership.members() if self.rt.membership else [])
                  if m.name != me and m.state == "alive"]
         if not peers:
             return {"ok": False, "error": "no other live member to ask"}
@@ -831,8 +827,8 @@ class Speaker:
             data = json.dumps({"q": "view", "id": qid, "ips": [str(i) for i in ips][:256]}).encode()
             for name in peers[:3]:
                 try:
-                    assert self.membership is not None
-                    self.membership.send(name, data, timeout=1.0)
+                    assert self.rt.membership is not None
+                    self.rt.membership.send(name, data, timeout=1.0)
                 except (kinship.KinshipError, TimeoutError, RuntimeError):
                     continue
             if not ev.wait(timeout):
@@ -853,21 +849,21 @@ class Speaker:
                 runtime_label_problem(k) for k in unset]:
             if problem:
                 return {"ok": False, "error": problem}
-        assert self.labels is not None
+        assert self.rt.labels is not None
         with self._lock:
             try:
-                self.labels.update(set_, unset)
+                self.rt.labels.update(set_, unset)
             except OSError as exc:
-                return {"ok": False, "error": f"label: cannot persist to {self.labels.path}: {exc}"}
+                return {"ok": False, "error": f"label: cannot persist to {self.rt.labels.path}: {exc}"}
         logs.event(log, "labelsChanged", set=set_, unset=unset, labels=self.my_labels())
         self.post()
         return {"ok": True, "labels": self.my_labels()}
 
     def rows(self) -> tuple[list[VipRow], L2View]:
         """The layer-2 mode's VIP rows with the L2 layer's live state overlaid, and that state."""
-        if self.l2 is None:
+        if self.rt.l2 is None:
             return [], L2View({}, {}, known=False)
-        return self.l2.rows()
+        return self.rt.l2.rows()
 
     def status(self, req: dict | None = None) -> dict[str, Any]:
         """The status document; ``req`` selects the VIP rows (statusview.select_vips: all of them up to
@@ -877,9 +873,9 @@ class Speaker:
         cfg = self.cfg
         me = cfg.node_name if cfg else ""
         members = []
-        if self.membership is not None and self.codec is not None:
+        if self.rt.membership is not None and self.codec is not None:
             mine = self.published()
-            for m in self.membership.members():
+            for m in self.rt.membership.members():
                 if m.name == me:
                     labels = self.my_labels()
                     published = dict(mine.labels) if mine else {}
@@ -890,7 +886,7 @@ class Speaker:
                 members.append({"name": m.name, "addr": m.addr, "state": m.state, "labels": info.labels,
                                 "publishedLabels": info.labels, "configDigest": m.meta.get("c", ""),
                                 "macs": [":".join(f"{b:02x}" for b in mac) for mac in sorted(info.macs)]})
-        modes = {m.name: m.status() for m in self.modes}
+        modes = {m.name: m.status() for m in self.rt.modes}
         all_vips = [v for st in modes.values() for v in mode_rows(st)]
         for st in modes.values():  # the rows are shown once, at the top (selected), not again per mode
             if isinstance(st.get("vips"), list):
@@ -898,10 +894,10 @@ class Speaker:
         vips, shown = select_vips(all_vips, req or {})
         conflicts = [c for st in modes.values() for c in st.get("conflicts", [])]
         mine = self.published()
-        ml = self.membership
+        ml = self.rt.membership
         return {
             "node": me,
-            "ready": self.ready,
+            "ready": self.rt.ready,
             "profile": cfg.profile if cfg else "",
             "members": members,
             "vips": vips,
@@ -910,34 +906,34 @@ class Speaker:
             "modes": modes,
             "config": self.holder.status() | {"restartPending": self._restart_pending},
             "conflicts": sorted(conflicts, key=lambda c: c["ip"]),
-            "labels": self.my_labels() if cfg and self.labels else {},
+            "labels": self.my_labels() if cfg and self.rt.labels else {},
             "published": {"labels": dict(mine.labels) if mine else {},
                           "healthy": sorted(mine.healthy) if mine else [], "error": self._meta_error},
-            "memberlist": {"state": "closed" if self._closed else (ml.join_state if ml else "starting"),
+            "memberlist": {"state": "closed" if self.rt.closed else (ml.join_state if ml else "starting"),
                            "error": ml.join_error if ml else "",
                            "keyIds": ml.key_ids() if ml else [],
                            "encrypted": bool(ml and ml.settings.keys)},
-            "health": self.health.status() if self.health else {},
-            "heartbeat": self.heartbeat.status() if self.heartbeat else {},
+            "health": self.rt.health.status() if self.rt.health else {},
+            "heartbeat": self.rt.heartbeat.status() if self.rt.heartbeat else {},
             "quorum": self.quorum() if self.cfg is not None else False,
-            "witness": self._quorum.status() if self._quorum is not None else None,
-            "arpSysctls": getattr(self._delivery, "sysctl_status", dict)(),  # edges (issue 8 defect 8)
+            "witness": self.rt.quorum.status() if self.rt.quorum is not None else None,
+            "arpSysctls": getattr(self.rt.delivery, "sysctl_status", dict)(),  # edges (issue 8 defect 8)
             "failClosed": {"reason": self._fail_reason(), "since": self._fail_since} if self._fail_noted else {},
-            "steps": self.steps.status(),
-            "stateFiles": [self.labels.corrupt] if self.labels is not None and self.labels.corrupt else [],
+            "steps": self.rt.steps.status(),
+            "stateFiles": [self.rt.labels.corrupt] if self.rt.labels is not None and self.rt.labels.corrupt else [],
             "time": now_iso(),
             "metricsBind": cfg.metrics_bind if cfg else "",  # firsthour: `nocloudlb status --cluster` asks members here
         }
 
     def metrics_snapshot(self) -> dict[str, Any]:
-        modes = {m.name: m.status() for m in self.modes}
+        modes = {m.name: m.status() for m in self.rt.modes}
         counts: dict[str, int] = {}
         stats: dict[str, int] = {}
-        if self.membership is not None:
-            for m in self.membership.members():
+        if self.rt.membership is not None:
+            for m in self.rt.membership.members():
                 counts[m.state] = counts.get(m.state, 0) + 1
             try:
-                stats = self.membership.stats()
+                stats = self.rt.membership.stats()
             except kinship.KinshipError:
                 stats = {}
         return {
@@ -949,6 +945,6 @@ class Speaker:
             "kinship": stats,
             "conflicts": sum(len(st.get("conflicts", [])) for st in modes.values()),
             "quorum": self.quorum() if self.cfg is not None else False,
-            "step_errors": self.steps.snapshot(),
+            "step_errors": self.rt.steps.snapshot(),
             "fail_closed": bool(self._fail_noted),
         }
