@@ -52,7 +52,6 @@ import queue
 import signal
 import threading
 import time
-from dataclasses import replace
 from typing import Any
 
 import kinship
@@ -60,13 +59,14 @@ import kinship
 from nocloudlb.core.election import DRAIN_LABEL, NodeView
 
 from . import logs, memory, sdnotify
-from .config import ConfigHolder, KeyFileWatch, SpeakerConfig, now_iso, runtime_label_problem
+from .config import SpeakerConfig, now_iso, runtime_label_problem
 from .configcheck import check_extra, health_specs, label_keys, local_services, metadata_problems, validate
+from .configstate import RESTART_FIELDS, ConfigState
 from .health import HealthChecker
 from .heartbeat import Heartbeat
 from .l2.mode import L2View, VipRow
-from .membership import KeyFileError, Membership, MembershipSettings, read_key_file, split_addr
-from .metadata import MetaCodec, PeerInfo
+from .membership import Membership, MembershipSettings, split_addr
+from .metadata import PeerInfo
 from .modes import FAIL_BOUND, FailClock, Mode, ModeRunner, StepFailed
 from .quorumwire import QuorumWiring
 from .runtime import Runtime, mode_rows
@@ -77,11 +77,6 @@ log = logging.getLogger("nocloudlb.speaker")
 # the config checks moved to configcheck.py; their old import path (tests, cli.py) keeps working
 __all__ = ["EXIT_MEMBERSHIP_CLOSED", "RESTART_FIELDS", "Speaker", "check_extra", "health_specs", "label_keys",
            "local_services", "metadata_problems", "mode_rows", "validate"]
-
-#: Settings read once at start: a reload keeps the running values and says a restart is needed.
-RESTART_FIELDS = ("node_name", "bind", "join", "profile", "overrides", "socket", "metrics_bind", "state_dir",
-                  "handover_grace", "announce_rate", "announce_burst", "start_settle",
-                  "flow_rate", "flow_burst", "witness")  # mode: bgp (flow_*) (read when the BGP mode starts)
 
 EXIT_MEMBERSHIP_CLOSED = 3
 
@@ -102,32 +97,30 @@ class Speaker:
     modes = _via("rt", "modes")
     steps = _via("rt", "steps")
     ready = _via("rt", "ready")
+    # the config in use (configstate.py); tests set sp.cfg after sp._load()
+    cfg = _via("config", "cfg")
+    keys = _via("config", "keys")
+    codec = _via("config", "codec")
+    holder = _via("config", "holder")
 
     def __init__(self, config_path: str, announcer_factory: Any = None, delivery: Any = None) -> None:
         self.config_path = config_path
-        self.holder = ConfigHolder(config_path)
         self.events: queue.SimpleQueue[str] = queue.SimpleQueue()
         self.rt = Runtime(self.post, delivery=delivery)  # the live parts, made at start (runtime.py)
-        self.keys: list[str] | None = None
-        self.cfg: SpeakerConfig | None = None
+        self.config = ConfigState(config_path, self.rt)  # the config in use, its keys and codec; reloads
         self.control: Any = None
-        self.codec: MetaCodec | None = None
         self._announcer_factory = announcer_factory
         self._last_meta: dict[str, str] = {}  # the metadata kinship accepted last: what peers see
         self._meta_error = ""
         self._peers: dict[str, PeerInfo] = {}
         self._lock = threading.Lock()
         self._stopping = False
-        self._restart_pending: list[str] = []
         self._peer_configs: dict[str, str] = {}
         self._loop_clock = FailClock()  # iterations failing: fail closed after FAIL_BOUND
         self._fail_noted = ""  # what makes this node publish itself excluded: "loop", a mode's name, or ""
         self._fail_since = ""
         self._mode_failed_at: dict[str, float] = {}  # optional modes whose start failed, when
         self._view_waiters: dict[str, tuple[threading.Event, dict]] = {}
-        self._reloaded = threading.Condition()
-        self._reload_count = 0
-        self._last_reload: dict[str, Any] = {}
 
     @property
     def announcer(self) -> Any:
@@ -137,140 +130,22 @@ class Speaker:
     def post(self, what: str = "change") -> None:
         self.events.put(what)  # SimpleQueue.put is reentrant: safe from signal handlers
 
-    # -- config ---------------------------------------------------------------------------
+    # -- config (configstate.py) -----------------------------------------------------------
     def _load(self) -> tuple[bool, SpeakerConfig | None]:
-        ok, cfg = self.holder.reload()
-        # the key file's identity before it is read: a change made meanwhile is seen by the next poll
-        watch = KeyFileWatch(cfg.key_file) if ok and cfg is not None and cfg.key_file else None
-        if (ok and cfg is not None and self.holder.unchanged and cfg is self.cfg
-                and not any(p.password_file for p in cfg.parsed.bgp_peers)):
-            # the very file in use (digest first): only the key file may have changed beside it
-            # (files it names beside the key file, BGPPeer passwordFile, are read again below)
-            if cfg.key_file:
-                self._key_watch = watch
-                try:
-                    self.keys = read_key_file(cfg.key_file)
-                except KeyFileError as exc:
-                    with self.holder._lock:
-                        self.holder.state, self.holder.errors = "error", [str(exc)]
-                    return False, self.cfg
-            return ok, cfg
-        if ok and cfg is not None:
-            keys, extra = check_extra(cfg)
-            if extra:
-                # refuse the whole file: keep the last good config, as for a schema error
-                with self.holder._lock:
-                    self.holder.current = self.cfg
-                    self.holder.state, self.holder.errors = "error", extra
-                    self.holder.last_good_at = self._last_good_at
-                return False, self.cfg
-            self.keys, self._key_watch = keys, watch
-        return ok, cfg
-
-    _last_good_at = ""
-    _settled: Any = None  # the parsed config whose objects memory.settle() froze
-    _previous_local: list[str] | None = None  # Local-policy services of the config run before this one
-
-    def _apply_config(self, cfg: SpeakerConfig, first: bool) -> None:
-        prev = self.cfg
-        if prev is not None:
-            # settings read once at start keep their running values until the next restart
-            changed = [f for f in RESTART_FIELDS if getattr(prev, f) != getattr(cfg, f)]
-            cfg = replace(cfg, **{f: getattr(prev, f) for f in changed})
-            self._restart_pending = sorted(set(self._restart_pending) | set(changed))
-            if changed:
-                logs.event(log, "configRestartNeeded", "these settings keep their running values until the "
-                           "next restart", logging.WARNING, settings=changed)
-        self.cfg = cfg
-        self._last_good_at = self.holder.last_good_at
-        previous = self._previous_local
-        if prev is not None and local_services(prev.parsed) != local_services(cfg.parsed):
-            previous = self._previous_local = local_services(prev.parsed)
-        self.codec = MetaCodec(local_services(cfg.parsed), label_keys(cfg.parsed), cfg.digest, previous=previous)
-        assert self.rt.health is not None
-        self.rt.health.configure(health_specs(cfg.parsed)[0])
-        if prev is not None:
-            self._use_keys(self.keys)
-        logs.event(log, "configLoaded", path=cfg.path, digest=cfg.digest, pools=len(cfg.parsed.pools),
-                   services=len(cfg.parsed.services), l2Advertisements=len(cfg.parsed.l2_advertisements),
-                   first=first)
-
-    _key_watch: KeyFileWatch | None = None  # memberlist.keyFile as last read (None: no key file)
-
-    def _use_keys(self, keys: list[str] | None) -> None:
-        """Gossip and heartbeats take the key file's keyring together: the first key signs and encrypts,
-        every key verifies and decrypts, a key the file no longer lists is refused from now on."""
-        if keys is None:
-            return  # no key file: switching a running node between keyed and unkeyed needs a restart
-        self.keys = keys
-        if self.rt.heartbeat is not None:
-            self.rt.heartbeat.set_keys(keys)
-        if self.rt.membership is not None and keys != self.rt.membership.keys:
-            try:
-                self.rt.membership.set_keys(keys)
-            except (kinship.KinshipError, ValueError, TimeoutError) as exc:
-                logs.event(log, "memberlistKeysFailed", str(exc), logging.ERROR)
-
-    def _poll_key_file(self) -> None:
-        """A key file changed without a SIGHUP (config.KeyFileWatch: one stat, at most every 0.5 s) is
-        read and used at once; one that cannot be read is refused once, the keys in use kept."""
-        watch = self._key_watch
-        if watch is None or not watch.changed(time.monotonic()):
-            return
-        self._key_watch = KeyFileWatch(watch.path)  # before the read: a change made meanwhile is seen next
-        try:
-            keys = read_key_file(watch.path)
-        except KeyFileError as exc:
-            logs.event(log, "keyFileRefused", f"{exc}; gossip and heartbeats keep the keys in use",
-                       logging.ERROR, path=watch.path)
-            return
-        if keys != self.keys:
-            logs.event(log, "keyFileChanged", "the key file changed: gossip and heartbeats use its keys now",
-                       path=watch.path, keys=len(keys))
-            self._use_keys(keys)
-
-    def _reload_and_wait(self, timeout: float = 10.0) -> dict[str, Any]:
-        """The control socket's reload: run by the decision thread; answers with its outcome (errors,
-        and the settings that keep their running values until a restart)."""
-        with self._reloaded:
-            seen = self._reload_count
-            self.post("reload")
-            if not self._reloaded.wait_for(lambda: self._reload_count != seen, timeout):
-                return {"ok": True, "queued": True}
-            return dict(self._last_reload, queued=True)
+        return self.config.load()
 
     def reload(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"ok": False, "error": "the reload failed; see the log (stepFailed, step reload)"}
-        try:
-            out = self._reload()
-            return out
-        finally:  # an exception goes on to the loop's barrier; the waiting control request gets told
-            with self._reloaded:
-                self._last_reload = out
-                self._reload_count += 1
-                self._reloaded.notify_all()
+        return self.config.reload()
 
-    def _reload(self) -> dict[str, Any]:
-        ok, cfg = self._load()
-        if ok and cfg is not None and cfg is self.cfg and self.holder.unchanged:
-            logs.event(log, "configUnchanged", "the file is the one in use; nothing to apply", digest=cfg.digest)
-            self._use_keys(self.keys)
-        elif ok and cfg is not None:
-            self._apply_config(cfg, first=False)
-            self.post()
-        else:
-            logs.event(log, "configStale", "the new config is refused; the last good one keeps being served",
-                       logging.ERROR, errors=self.holder.errors, lastGoodAt=self.holder.last_good_at)
-        return {"ok": ok, "config": self.holder.status() | {"restartPending": self._restart_pending},
-                "restartPending": self._restart_pending}
+    _settled: Any = None  # the parsed config whose objects memory.settle() froze
 
     # -- lifecycle -------------------------------------------------------------------------
     def run(self) -> int:
-        ok, cfg = self._load()
+        ok, cfg = self.config.load()
         if not ok or cfg is None:
             logs.setup("info")
             logs.event(log, "configError", "cannot start: the config is invalid", logging.ERROR,
-                       errors=self.holder.errors, path=self.config_path)
+                       errors=self.config.holder.errors, path=self.config_path)
             return 1
         logs.setup(cfg.log_level)
         kinship.log_to_python(logging.WARNING)
@@ -371,7 +246,7 @@ class Speaker:
     def _start(self, cfg: SpeakerConfig) -> None:
         self.rt.labels = LabelStore(cfg.state_dir)
         self.rt.health = HealthChecker(self.post)
-        self._apply_config(cfg, first=True)
+        self.config.apply(cfg, first=True)
         for mode in self._build_modes(cfg):
             runner = ModeRunner(mode, self.rt.steps)
             self.rt.modes.append(runner)
@@ -384,7 +259,7 @@ class Speaker:
         self.control.start()
         self._metrics = serve(cfg.metrics_bind, self.metrics_snapshot)
 
-        settings = MembershipSettings(cfg.node_name, cfg.bind, cfg.join, self.keys, cfg.profile, cfg.overrides)
+        settings = MembershipSettings(cfg.node_name, cfg.bind, cfg.join, self.config.keys, cfg.profile, cfg.overrides)
         self.rt.quorum = QuorumWiring(cfg, lambda: self.rt.membership, self.post)
         self.rt.membership = Membership(settings, self.post, logging.getLogger("nocloudlb.membership"),
                                      on_heal=lambda reason, node: self.post(f"heal\t{reason}\t{node}"),
@@ -402,7 +277,7 @@ class Speaker:
         if not offset:
             return
         host, _sep, port = settings.bind.rpartition(":")
-        hb = Heartbeat(settings.name, host.strip("[]"), int(port) + offset, self.keys, interval, miss,
+        hb = Heartbeat(settings.name, host.strip("[]"), int(port) + offset, self.config.keys, interval, miss,
                        on_change=self.post, logger=logging.getLogger("nocloudlb.heartbeat"))
         try:
             hb.start()
@@ -564,8 +439,8 @@ class Speaker:
     def _iteration(self, items: list[str]) -> None:
         if "reload" in items:
             logs.event(log, "configReload", "reloading on SIGHUP", path=self.config_path)
-            self.rt.steps.run("reload", self.reload)
-        self.rt.steps.run("keyFile", self._poll_key_file)
+            self.rt.steps.run("reload", self.config.reload)
+        self.rt.steps.run("keyFile", self.config.poll_key_file)
         self.reconcile()
         if self.rt.closed:
             return
@@ -619,11 +494,11 @@ class Speaker:
 
     # -- the decision ----------------------------------------------------------------------
     def my_labels(self) -> dict[str, str]:
-        assert self.cfg is not None and self.rt.labels is not None
-        return self.rt.labels.apply(self.cfg.node_labels)
+        assert self.config.cfg is not None and self.rt.labels is not None
+        return self.rt.labels.apply(self.config.cfg.node_labels)
 
     def _meta(self) -> dict[str, str]:
-        assert self.codec is not None and self.rt.health is not None
+        assert self.config.codec is not None and self.rt.health is not None
         macs: list[bytes] = []
         labels = self.my_labels()
         for m in self.rt.modes:
@@ -635,7 +510,7 @@ class Speaker:
             labels = {**labels, DRAIN_LABEL: ""}
         # unknown health is not health: only the Local-policy services move away
         _ok, healthy = self.rt.steps.run("health", self.rt.health.healthy, default=frozenset())
-        return self.codec.encode(labels, healthy, macs)
+        return self.config.codec.encode(labels, healthy, macs)
 
     _settle_until = 0.0  # monotonic time before which a node that found no peer at start announces nothing
 
@@ -647,7 +522,7 @@ class Speaker:
         if ml.join_state == "joinFailed" and ml.join_refused:
             return "joinRefused"  # peers are up but refuse our gossip (wrong key): do not fight them
         if self._settle_until == 0.0:  # the first join just ended: settle if it found nobody
-            settle = self.cfg.start_settle if self.cfg is not None else 0.0
+            settle = self.config.cfg.start_settle if self.config.cfg is not None else 0.0
             alone = ml.join_state == "joinFailed" and settle > 0
             self._settle_until = time.monotonic() + settle if alone else -1.0
             if alone:
@@ -663,14 +538,14 @@ class Speaker:
 
     def published(self) -> PeerInfo | None:
         """This node as its peers see it: the metadata kinship accepted last, decoded."""
-        if self.codec is None or not self._last_meta:
+        if self.config.codec is None or not self._last_meta:
             return None
-        return self.codec.decode(self._last_meta)
+        return self.config.codec.decode(self._last_meta)
 
     def node_views(self) -> list[NodeView]:
         """The published view: every member from its metadata, this node from what it published."""
-        assert self.cfg is not None and self.codec is not None
-        me = self.cfg.node_name
+        assert self.config.cfg is not None and self.config.codec is not None
+        me = self.config.cfg.node_name
         mine = self.published()
         views = [NodeView(me, dict(mine.labels) if mine else {}, "alive", mine.healthy if mine else frozenset())]
         peers: dict[str, PeerInfo] = {}
@@ -682,7 +557,7 @@ class Speaker:
             if m.name == me:
                 continue
             # a meta pushed by heartbeat (a drain) is what the member published, sooner than gossip
-            info = self.codec.decode(hb.metas.get(m.name) or m.meta if hb else m.meta)
+            info = self.config.codec.decode(hb.metas.get(m.name) or m.meta if hb else m.meta)
             peers[m.name] = info
             state = m.state
             if hb is not None and (m.name in hb.suspected or m.name in hb.no_quorum) and state in ("alive", "suspect"):
@@ -691,19 +566,19 @@ class Speaker:
             views.append(NodeView(m.name, info.labels, state, info.healthy))
         for name, info in peers.items():
             digest = info.config_hash
-            if digest and digest != self.cfg.digest and self._peer_configs.get(name) != digest:
+            if digest and digest != self.config.cfg.digest and self._peer_configs.get(name) != digest:
                 logs.event(log, "configMismatch", "a peer runs another config version", logging.WARNING,
-                           node=name, theirs=digest, ours=self.cfg.digest)
+                           node=name, theirs=digest, ours=self.config.cfg.digest)
         self._peer_configs = {n: i.config_hash for n, i in peers.items()}
         self._peers = peers
         return views
 
     def _heartbeat_peers(self, members: list) -> None:
-        assert self.rt.heartbeat is not None and self.cfg is not None
-        offset = self.rt.heartbeat.port - split_addr(self.cfg.bind)[1]
+        assert self.rt.heartbeat is not None and self.config.cfg is not None
+        offset = self.rt.heartbeat.port - split_addr(self.config.cfg.bind)[1]
         peers = {}
         for m in members:
-            if m.name == self.cfg.node_name or m.state not in ("alive", "suspect"):
+            if m.name == self.config.cfg.node_name or m.state not in ("alive", "suspect"):
                 continue
             try:
                 host, port = split_addr(m.addr)
@@ -729,13 +604,13 @@ class Speaker:
             self._meta_error = "metadata larger than 512 bytes"
             logs.event(log, "metadataTooLarge", "labels used by node selectors do not fit in 512 bytes; "
                        "deciding from the last published state", logging.ERROR,
-                       labels=sorted(self.codec.label_keys if self.codec else []))
+                       labels=sorted(self.config.codec.label_keys if self.config.codec else []))
         except (kinship.KinshipError, TimeoutError) as exc:
             self._meta_error = str(exc)[:300]
             logs.event(log, "metadataFailed", f"{exc}; deciding from the last published state", logging.WARNING)
 
     def reconcile(self) -> None:
-        cfg = self.cfg
+        cfg = self.config.cfg
         if cfg is None or self.rt.membership is None or self._stopping:
             return
         if self.rt.membership.closed:
@@ -772,7 +647,7 @@ class Speaker:
         if cmd == "label":
             return self._label(req)
         if cmd == "reload":
-            return self._reload_and_wait()
+            return self.config.reload_and_wait()
         if cmd == "keys":
             return {"ok": True, "keyIds": self.rt.membership.key_ids() if self.rt.membership else []}
         if cmd == "peerView":
@@ -799,7 +674,7 @@ class Speaker:
             state = next((m.state for m in self.rt.membership.members() if m.name == sender), "unknown")
             leaders = {v["ip"]: v.get("leader") for m in self.rt.modes for v in mode_rows(m.status())
                        if v.get("ip") in ips}
-            reply = {"r": msg["id"][:64], "node": self.cfg.node_name if self.cfg else "", "about": sender,
+            reply = {"r": msg["id"][:64], "node": self.config.cfg.node_name if self.config.cfg else "", "about": sender,
                      "state": state, "labels": dict(info.labels) if info else {}, "leaders": leaders}
             try:
                 self.rt.membership.send(sender, json.dumps(reply).encode(), timeout=1.0)
@@ -814,7 +689,7 @@ class Speaker:
 
     def peer_view(self, ips: list[str], timeout: float = 2.0) -> dict:
         """Ask the other live members how they see this node and who leads ``ips``; the first answer."""
-        me = self.cfg.node_name if self.cfg else ""
+        me = self.config.cfg.node_name if self.config.cfg else ""
         peers = [m.name for m in (self.rt.membership.members() if self.rt.membership else [])
                  if m.name != me and m.state == "alive"]
         if not peers:
@@ -870,10 +745,10 @@ class Speaker:
         STATUS_ROWS, else a summary unless asked; filters by ip, service, owner, ...)."""
         from .statusview import select_vips, vip_summary  # noqa: PLC0415
 
-        cfg = self.cfg
+        cfg = self.config.cfg
         me = cfg.node_name if cfg else ""
         members = []
-        if self.rt.membership is not None and self.codec is not None:
+        if self.rt.membership is not None and self.config.codec is not None:
             mine = self.published()
             for m in self.rt.membership.members():
                 if m.name == me:
@@ -882,7 +757,7 @@ class Speaker:
                     members.append({"name": m.name, "addr": m.addr, "state": m.state, "labels": labels,
                                     "publishedLabels": published, "configDigest": self._last_meta.get("c", "")})
                     continue
-                info = self._peers.get(m.name) or self.codec.decode(m.meta)
+                info = self._peers.get(m.name) or self.config.codec.decode(m.meta)
                 members.append({"name": m.name, "addr": m.addr, "state": m.state, "labels": info.labels,
                                 "publishedLabels": info.labels, "configDigest": m.meta.get("c", ""),
                                 "macs": [":".join(f"{b:02x}" for b in mac) for mac in sorted(info.macs)]})
@@ -904,7 +779,7 @@ class Speaker:
             "vipsShown": shown,
             "vipSummary": vip_summary(all_vips),
             "modes": modes,
-            "config": self.holder.status() | {"restartPending": self._restart_pending},
+            "config": self.config.holder.status() | {"restartPending": self.config.restart_pending},
             "conflicts": sorted(conflicts, key=lambda c: c["ip"]),
             "labels": self.my_labels() if cfg and self.rt.labels else {},
             "published": {"labels": dict(mine.labels) if mine else {},
@@ -915,7 +790,7 @@ class Speaker:
                            "encrypted": bool(ml and ml.settings.keys)},
             "health": self.rt.health.status() if self.rt.health else {},
             "heartbeat": self.rt.heartbeat.status() if self.rt.heartbeat else {},
-            "quorum": self.quorum() if self.cfg is not None else False,
+            "quorum": self.quorum() if self.config.cfg is not None else False,
             "witness": self.rt.quorum.status() if self.rt.quorum is not None else None,
             "arpSysctls": getattr(self.rt.delivery, "sysctl_status", dict)(),  # edges (issue 8 defect 8)
             "failClosed": {"reason": self._fail_reason(), "since": self._fail_since} if self._fail_noted else {},
@@ -937,14 +812,15 @@ class Speaker:
             except kinship.KinshipError:
                 stats = {}
         return {
-            "announced": [{"ip": v["ip"], "node": self.cfg.node_name if self.cfg else "", "service": v["service"]}
+            "announced": [{"ip": v["ip"], "node": self.config.cfg.node_name if self.config.cfg else "",
+                           "service": v["service"]}
                           for st in modes.values() for v in mode_rows(st) if v.get("announcing")],
-            "config_ok": self.holder.state == "ok",
-            "config_stale": self.holder.state != "ok" and self.cfg is not None,
+            "config_ok": self.config.holder.state == "ok",
+            "config_stale": self.config.holder.state != "ok" and self.config.cfg is not None,
             "members": counts,
             "kinship": stats,
             "conflicts": sum(len(st.get("conflicts", [])) for st in modes.values()),
-            "quorum": self.quorum() if self.cfg is not None else False,
+            "quorum": self.quorum() if self.config.cfg is not None else False,
             "step_errors": self.rt.steps.snapshot(),
             "fail_closed": bool(self._fail_noted),
         }
