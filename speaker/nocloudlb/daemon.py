@@ -62,15 +62,17 @@ from . import logs, memory, sdnotify
 from .config import SpeakerConfig, now_iso, runtime_label_problem
 from .configcheck import check_extra, health_specs, label_keys, local_services, metadata_problems, validate
 from .configstate import RESTART_FIELDS, ConfigState
+from .gate import StartGate
 from .health import HealthChecker
 from .heartbeat import Heartbeat
 from .l2.mode import L2View, VipRow
-from .membership import Membership, MembershipSettings, split_addr
+from .membership import Membership, MembershipSettings
 from .metadata import PeerInfo
 from .modes import FAIL_BOUND, FailClock, Mode, ModeRunner, StepFailed
 from .quorumwire import QuorumWiring
 from .runtime import Runtime, mode_rows
 from .state import LabelStore
+from .views import Views
 
 log = logging.getLogger("nocloudlb.speaker")
 
@@ -108,14 +110,12 @@ class Speaker:
         self.events: queue.SimpleQueue[str] = queue.SimpleQueue()
         self.rt = Runtime(self.post, delivery=delivery)  # the live parts, made at start (runtime.py)
         self.config = ConfigState(config_path, self.rt)  # the config in use, its keys and codec; reloads
+        self.views = Views(self.rt, self.config, self._fail_reason)  # what this node publishes, how it sees all
+        self.gate = StartGate(self.rt, self.config)  # may this node announce yet (the first join, the settle)
         self.control: Any = None
         self._announcer_factory = announcer_factory
-        self._last_meta: dict[str, str] = {}  # the metadata kinship accepted last: what peers see
-        self._meta_error = ""
-        self._peers: dict[str, PeerInfo] = {}
         self._lock = threading.Lock()
         self._stopping = False
-        self._peer_configs: dict[str, str] = {}
         self._loop_clock = FailClock()  # iterations failing: fail closed after FAIL_BOUND
         self._fail_noted = ""  # what makes this node publish itself excluded: "loop", a mode's name, or ""
         self._fail_since = ""
@@ -179,9 +179,9 @@ class Speaker:
             from .l2.handover import HandoverForwarder  # noqa: PLC0415
 
             handover = HandoverForwarder(logging.getLogger("nocloudlb.l2"), grace=cfg.handover_grace)
-        self.rt.l2 = L2Mode(None, self.rt.delivery, cfg.state_dir, gate=self._gate, member_macs=self.member_macs,
-                         handover=handover, post=self.post, other_lo=self._other_lo,
-                         suspecters=self.rt.suspecters, quorum=self.quorum)
+        self.rt.l2 = L2Mode(None, self.rt.delivery, cfg.state_dir, gate=self.gate.reason,
+                            member_macs=self.views.member_macs, handover=handover, post=self.post,
+                            other_lo=self._other_lo, suspecters=self.rt.suspecters, quorum=self.quorum)
         self.rt.l2.announcer = factory(cfg.node_name, logging.getLogger("nocloudlb.l2"),
                                     is_peer_mac=self.rt.l2.is_peer_mac, rate=cfg.announce_rate,
                                     burst=cfg.announce_burst)
@@ -265,9 +265,9 @@ class Speaker:
                                      on_heal=lambda reason, node: self.post(f"heal\t{reason}\t{node}"),
                                      on_message=self._on_message)
         self._install_signals()
-        meta = self._meta()
+        meta = self.views.meta()
         self.rt.membership.start(meta)
-        self._last_meta = meta
+        self.views.last_meta = meta
         self._start_heartbeat(settings, meta)
 
     def _start_heartbeat(self, settings: MembershipSettings, meta: dict[str, str]) -> None:
@@ -307,7 +307,7 @@ class Speaker:
             timeout = 1.0 if wd is None else max(0.05, min(1.0, next_wd - time.monotonic()))
             if any(m.hook("busy") for m in self.rt.modes):
                 timeout = min(timeout, 0.1)  # log serviceAnnounced as soon as the check ends
-            settle_left = self._settle_until - time.monotonic()
+            settle_left = self.gate.settle_until - time.monotonic()
             if settle_left > 0:  # decide again as soon as the start-up settle ends
                 timeout = min(timeout, settle_left + 0.01)
             try:
@@ -346,11 +346,11 @@ class Speaker:
         if not self._loop_clock.tripped:
             return
         self._note_fail_closed()
-        self.rt.steps.run("publish", self._publish)
-        mine = self.published()
+        self.rt.steps.run("publish", self.views.publish)
+        mine = self.views.published()
         if not (mine is not None and DRAIN_LABEL in mine.labels) and not self._withdrawn_unpublished:
             logs.event(log, "failClosedUnpublished", "cannot publish this node excluded: withdrawing at once",
-                       logging.ERROR, error=self._meta_error)
+                       logging.ERROR, error=self.views.meta_error)
         self._withdrawn_unpublished = not (mine is not None and DRAIN_LABEL in mine.labels)
         for m in self.rt.modes:  # after the drain went out: peers take over by a planned move
             m.withdraw_all()
@@ -493,121 +493,18 @@ class Speaker:
     _metrics: Any = None
 
     # -- the decision ----------------------------------------------------------------------
+    # views and publishing (views.py), under the names callers and tests use
     def my_labels(self) -> dict[str, str]:
-        assert self.config.cfg is not None and self.rt.labels is not None
-        return self.rt.labels.apply(self.config.cfg.node_labels)
-
-    def _meta(self) -> dict[str, str]:
-        assert self.config.codec is not None and self.rt.health is not None
-        macs: list[bytes] = []
-        labels = self.my_labels()
-        for m in self.rt.modes:
-            meta = m.hook("meta") or {}
-            macs.extend(meta.get("macs", []))
-            if meta.get("exclude"):  # a mode cannot serve safely (l2: ARP sysctls): peers elect others
-                labels = {**labels, DRAIN_LABEL: ""}
-        if self._fail_reason():  # a failure persists (loop or mode): peers take over by a planned move
-            labels = {**labels, DRAIN_LABEL: ""}
-        # unknown health is not health: only the Local-policy services move away
-        _ok, healthy = self.rt.steps.run("health", self.rt.health.healthy, default=frozenset())
-        return self.config.codec.encode(labels, healthy, macs)
-
-    _settle_until = 0.0  # monotonic time before which a node that found no peer at start announces nothing
-
-    def _gate(self) -> str:
-        """Why this node may not announce anything now ("" when it may)."""
-        ml = self.rt.membership
-        if ml is None or not ml.first_join_done.is_set():
-            return "notReady"  # never take addresses before the first join: peers may hold them
-        if ml.join_state == "joinFailed" and ml.join_refused:
-            return "joinRefused"  # peers are up but refuse our gossip (wrong key): do not fight them
-        if self._settle_until == 0.0:  # the first join just ended: settle if it found nobody
-            settle = self.config.cfg.start_settle if self.config.cfg is not None else 0.0
-            alone = ml.join_state == "joinFailed" and settle > 0
-            self._settle_until = time.monotonic() + settle if alone else -1.0
-            if alone:
-                logs.event(log, "speakerSettling", "no join seed answered: waiting for peers starting now "
-                           "before taking any VIP", seconds=settle)
-        if ml.join_state == "joinFailed" and time.monotonic() < self._settle_until:
-            return "settling"  # peers starting at the same moment join meanwhile: no VIP taken, then handed back
-        return ""
+        return self.views.my_labels()
 
     def member_macs(self) -> dict[str, tuple[bytes, ...]]:
-        """Member -> the MACs it published (the members' VIP-interface MACs), this node excluded."""
-        return {name: info.macs for name, info in dict(self._peers).items() if info.macs}
+        return self.views.member_macs()
 
     def published(self) -> PeerInfo | None:
-        """This node as its peers see it: the metadata kinship accepted last, decoded."""
-        if self.config.codec is None or not self._last_meta:
-            return None
-        return self.config.codec.decode(self._last_meta)
+        return self.views.published()
 
     def node_views(self) -> list[NodeView]:
-        """The published view: every member from its metadata, this node from what it published."""
-        assert self.config.cfg is not None and self.config.codec is not None
-        me = self.config.cfg.node_name
-        mine = self.published()
-        views = [NodeView(me, dict(mine.labels) if mine else {}, "alive", mine.healthy if mine else frozenset())]
-        peers: dict[str, PeerInfo] = {}
-        members = self.rt.membership.members() if self.rt.membership else []
-        hb = self.rt.heartbeat.view() if self.rt.heartbeat is not None else None
-        if self.rt.heartbeat is not None:
-            self.rt.steps.run("heartbeatPeers", self._heartbeat_peers, members)
-        for m in members:
-            if m.name == me:
-                continue
-            # a meta pushed by heartbeat (a drain) is what the member published, sooner than gossip
-            info = self.config.codec.decode(hb.metas.get(m.name) or m.meta if hb else m.meta)
-            peers[m.name] = info
-            state = m.state
-            if hb is not None and (m.name in hb.suspected or m.name in hb.no_quorum) and state in ("alive", "suspect"):
-                # heartbeats stopped, or it says it has no quorum: not eligible (l2/mode.py forwards toward it)
-                state = "unreachable"
-            views.append(NodeView(m.name, info.labels, state, info.healthy))
-        for name, info in peers.items():
-            digest = info.config_hash
-            if digest and digest != self.config.cfg.digest and self._peer_configs.get(name) != digest:
-                logs.event(log, "configMismatch", "a peer runs another config version", logging.WARNING,
-                           node=name, theirs=digest, ours=self.config.cfg.digest)
-        self._peer_configs = {n: i.config_hash for n, i in peers.items()}
-        self._peers = peers
-        return views
-
-    def _heartbeat_peers(self, members: list) -> None:
-        assert self.rt.heartbeat is not None and self.config.cfg is not None
-        offset = self.rt.heartbeat.port - split_addr(self.config.cfg.bind)[1]
-        peers = {}
-        for m in members:
-            if m.name == self.config.cfg.node_name or m.state not in ("alive", "suspect"):
-                continue
-            try:
-                host, port = split_addr(m.addr)
-            except ValueError:
-                continue  # no port to offset: no heartbeat for it
-            peers[m.name] = ((host, port + offset), m.state)
-        self.rt.heartbeat.set_peers(peers)
-        if self.rt.quorum is not None:
-            self.rt.heartbeat.set_quorum_basis(*self.rt.quorum.basis(members))
-
-    def _publish(self) -> None:
-        assert self.rt.membership is not None
-        meta = self._meta()
-        if meta == self._last_meta:
-            return
-        try:
-            self.rt.membership.set_meta(meta)
-            self._last_meta = meta
-            self._meta_error = ""
-            if self.rt.heartbeat is not None:
-                self.rt.heartbeat.set_meta(meta)  # published: peers get it at once (a drain), not a gossip round later
-        except kinship.MetaTooLarge:
-            self._meta_error = "metadata larger than 512 bytes"
-            logs.event(log, "metadataTooLarge", "labels used by node selectors do not fit in 512 bytes; "
-                       "deciding from the last published state", logging.ERROR,
-                       labels=sorted(self.config.codec.label_keys if self.config.codec else []))
-        except (kinship.KinshipError, TimeoutError) as exc:
-            self._meta_error = str(exc)[:300]
-            logs.event(log, "metadataFailed", f"{exc}; deciding from the last published state", logging.WARNING)
+        return self.views.node_views()
 
     def reconcile(self) -> None:
         cfg = self.config.cfg
@@ -622,8 +519,8 @@ class Speaker:
             for m in self.rt.modes:
                 m.withdraw_all()
             return
-        self.rt.steps.run("publish", self._publish)  # failing: decide from the last published state
-        ok, nodes = self.rt.steps.run("view", self.node_views)
+        self.rt.steps.run("publish", self.views.publish)  # failing: decide from the last published state
+        ok, nodes = self.rt.steps.run("view", self.views.node_views)
         if not ok:  # no view to hand the modes: the loop's barrier decides (keep, then fail closed)
             raise StepFailed("view", self.rt.steps.failing.get("view", ""))
         self.rt.steps.run("modes", self._ensure_modes, cfg)
@@ -670,7 +567,7 @@ class Speaker:
             return
         if msg.get("q") == "view" and isinstance(msg.get("id"), str) and self.rt.membership is not None:
             ips = [str(ip) for ip in (msg.get("ips") or [])[:256]] if isinstance(msg.get("ips"), list) else []
-            info = self._peers.get(sender)
+            info = self.views.peers.get(sender)
             state = next((m.state for m in self.rt.membership.members() if m.name == sender), "unknown")
             leaders = {v["ip"]: v.get("leader") for m in self.rt.modes for v in mode_rows(m.status())
                        if v.get("ip") in ips}
@@ -730,9 +627,9 @@ class Speaker:
                 self.rt.labels.update(set_, unset)
             except OSError as exc:
                 return {"ok": False, "error": f"label: cannot persist to {self.rt.labels.path}: {exc}"}
-        logs.event(log, "labelsChanged", set=set_, unset=unset, labels=self.my_labels())
+        logs.event(log, "labelsChanged", set=set_, unset=unset, labels=self.views.my_labels())
         self.post()
-        return {"ok": True, "labels": self.my_labels()}
+        return {"ok": True, "labels": self.views.my_labels()}
 
     def rows(self) -> tuple[list[VipRow], L2View]:
         """The layer-2 mode's VIP rows with the L2 layer's live state overlaid, and that state."""
@@ -749,15 +646,15 @@ class Speaker:
         me = cfg.node_name if cfg else ""
         members = []
         if self.rt.membership is not None and self.config.codec is not None:
-            mine = self.published()
+            mine = self.views.published()
             for m in self.rt.membership.members():
                 if m.name == me:
-                    labels = self.my_labels()
+                    labels = self.views.my_labels()
                     published = dict(mine.labels) if mine else {}
                     members.append({"name": m.name, "addr": m.addr, "state": m.state, "labels": labels,
-                                    "publishedLabels": published, "configDigest": self._last_meta.get("c", "")})
+                                    "publishedLabels": published, "configDigest": self.views.last_meta.get("c", "")})
                     continue
-                info = self._peers.get(m.name) or self.config.codec.decode(m.meta)
+                info = self.views.peers.get(m.name) or self.config.codec.decode(m.meta)
                 members.append({"name": m.name, "addr": m.addr, "state": m.state, "labels": info.labels,
                                 "publishedLabels": info.labels, "configDigest": m.meta.get("c", ""),
                                 "macs": [":".join(f"{b:02x}" for b in mac) for mac in sorted(info.macs)]})
@@ -768,7 +665,7 @@ class Speaker:
                 st["vips"] = len(st["vips"])
         vips, shown = select_vips(all_vips, req or {})
         conflicts = [c for st in modes.values() for c in st.get("conflicts", [])]
-        mine = self.published()
+        mine = self.views.published()
         ml = self.rt.membership
         return {
             "node": me,
@@ -781,9 +678,9 @@ class Speaker:
             "modes": modes,
             "config": self.config.holder.status() | {"restartPending": self.config.restart_pending},
             "conflicts": sorted(conflicts, key=lambda c: c["ip"]),
-            "labels": self.my_labels() if cfg and self.rt.labels else {},
+            "labels": self.views.my_labels() if cfg and self.rt.labels else {},
             "published": {"labels": dict(mine.labels) if mine else {},
-                          "healthy": sorted(mine.healthy) if mine else [], "error": self._meta_error},
+                          "healthy": sorted(mine.healthy) if mine else [], "error": self.views.meta_error},
             "memberlist": {"state": "closed" if self.rt.closed else (ml.join_state if ml else "starting"),
                            "error": ml.join_error if ml else "",
                            "keyIds": ml.key_ids() if ml else [],
