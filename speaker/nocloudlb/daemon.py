@@ -56,19 +56,20 @@ from typing import Any
 
 import kinship
 
-from nocloudlb.core.election import DRAIN_LABEL, NodeView
+from nocloudlb.core.election import NodeView
 
 from . import logs, memory, sdnotify
 from .config import SpeakerConfig, now_iso, runtime_label_problem
 from .configcheck import check_extra, health_specs, label_keys, local_services, metadata_problems, validate
 from .configstate import RESTART_FIELDS, ConfigState
+from .failclosed import FailClosed
 from .gate import StartGate
 from .health import HealthChecker
 from .heartbeat import Heartbeat
 from .l2.mode import L2View, VipRow
 from .membership import Membership, MembershipSettings
 from .metadata import PeerInfo
-from .modes import FAIL_BOUND, FailClock, Mode, ModeRunner, StepFailed
+from .modes import Mode, ModeRunner, StepFailed
 from .quorumwire import QuorumWiring
 from .runtime import Runtime, mode_rows
 from .state import LabelStore
@@ -110,15 +111,13 @@ class Speaker:
         self.events: queue.SimpleQueue[str] = queue.SimpleQueue()
         self.rt = Runtime(self.post, delivery=delivery)  # the live parts, made at start (runtime.py)
         self.config = ConfigState(config_path, self.rt)  # the config in use, its keys and codec; reloads
-        self.views = Views(self.rt, self.config, self._fail_reason)  # what this node publishes, how it sees all
+        self.views = Views(self.rt, self.config, lambda: self.fail.reason())  # what this node publishes, sees
+        self.fail = FailClosed(self.rt, self.views)  # the loop's failure accounting: fail closed by a planned move
         self.gate = StartGate(self.rt, self.config)  # may this node announce yet (the first join, the settle)
         self.control: Any = None
         self._announcer_factory = announcer_factory
         self._lock = threading.Lock()
         self._stopping = False
-        self._loop_clock = FailClock()  # iterations failing: fail closed after FAIL_BOUND
-        self._fail_noted = ""  # what makes this node publish itself excluded: "loop", a mode's name, or ""
-        self._fail_since = ""
         self._mode_failed_at: dict[str, float] = {}  # optional modes whose start failed, when
         self._view_waiters: dict[str, tuple[threading.Event, dict]] = {}
 
@@ -324,69 +323,15 @@ class Speaker:
             try:
                 self._iteration(items)
             except Exception as exc:  # noqa: BLE001 - the barrier: one exception never stops the loop
-                self._iteration_failed(exc)
+                self.fail.iteration_failed(exc)
                 time.sleep(0.05)
             else:
-                self._iteration_ok()
+                self.fail.iteration_ok()
             if self.rt.closed:
                 return EXIT_MEMBERSHIP_CLOSED
             if wd is not None and time.monotonic() >= next_wd:
                 sdnotify.notify("WATCHDOG=1")
                 next_wd = time.monotonic() + wd
-
-    def _iteration_failed(self, exc: Exception) -> None:
-        """The loop's barrier (the module docstring): keep what the node holds; once the errors have lasted
-        FAIL_BOUND, publish this node excluded, then withdraw (at once when the publication fails)."""
-        if isinstance(exc, StepFailed):
-            error = f"{exc.step}: {exc.error}"  # counted and logged by its own barrier
-        else:
-            error = self.rt.steps.failed("loop", exc, "loopError", "the decision loop failed: this node keeps what "
-                                      "it holds and retries")
-        self._loop_clock.failed(error)
-        if not self._loop_clock.tripped:
-            return
-        self._note_fail_closed()
-        self.rt.steps.run("publish", self.views.publish)
-        mine = self.views.published()
-        if not (mine is not None and DRAIN_LABEL in mine.labels) and not self._withdrawn_unpublished:
-            logs.event(log, "failClosedUnpublished", "cannot publish this node excluded: withdrawing at once",
-                       logging.ERROR, error=self.views.meta_error)
-        self._withdrawn_unpublished = not (mine is not None and DRAIN_LABEL in mine.labels)
-        for m in self.rt.modes:  # after the drain went out: peers take over by a planned move
-            m.withdraw_all()
-
-    _withdrawn_unpublished = False
-
-    def _iteration_ok(self) -> None:
-        if self._loop_clock.since is not None or self._loop_clock.tripped:
-            self.rt.steps.ok("loop")
-            if self._loop_clock.succeeded():
-                self._note_fail_closed()
-
-    def _fail_reason(self) -> str:
-        """Why this node publishes itself excluded for failing ("" when it does not)."""
-        if self._loop_clock.tripped:
-            return f"the decision loop has failed for over {FAIL_BOUND:g}s: {self._loop_clock.reason}"
-        for m in list(self.rt.modes):
-            if m.clock.tripped:
-                return f"the {m.name} mode has failed for over {FAIL_BOUND:g}s: {m.clock.reason}"
-        return ""
-
-    def _note_fail_closed(self) -> None:
-        """Log a change of the fail-closed exclusion and reconcile at once, so that it is published now
-        (a change of what fails, not of its error text: that would reconcile in a tight loop)."""
-        what = "loop" if self._loop_clock.tripped else next((m.name for m in self.rt.modes if m.clock.tripped), "")
-        if what == self._fail_noted:
-            return
-        if what:
-            logs.event(log, "failClosed", "publishing this node excluded (the drain label) so that peers take its "
-                       "VIPs by a planned move", logging.ERROR, reason=self._fail_reason(), step=what)
-        else:
-            logs.event(log, "failClosedEnded", "working again: this node is no longer excluded",
-                       step=self._fail_noted)
-            self._withdrawn_unpublished = False
-        self._fail_noted, self._fail_since = what, now_iso() if what else ""
-        self.post()
 
     _lease: Any = None  # l2/lease.py Renewal, made at the first wait
 
@@ -526,7 +471,7 @@ class Speaker:
         self.rt.steps.run("modes", self._ensure_modes, cfg)
         for m in self.rt.modes:
             m.apply(cfg.node_name, nodes, cfg.parsed)  # behind ModeRunner's barrier
-        self._note_fail_closed()
+        self.fail.note()
         if self._settled is not cfg.parsed:  # issue 10: no full collection over the config in a reconcile
             self._settled = cfg.parsed
             self.rt.steps.run("settle", memory.settle)
@@ -690,7 +635,7 @@ class Speaker:
             "quorum": self.quorum() if self.config.cfg is not None else False,
             "witness": self.rt.quorum.status() if self.rt.quorum is not None else None,
             "arpSysctls": getattr(self.rt.delivery, "sysctl_status", dict)(),  # edges (issue 8 defect 8)
-            "failClosed": {"reason": self._fail_reason(), "since": self._fail_since} if self._fail_noted else {},
+            "failClosed": self.fail.status(),
             "steps": self.rt.steps.status(),
             "stateFiles": [self.rt.labels.corrupt] if self.rt.labels is not None and self.rt.labels.corrupt else [],
             "time": now_iso(),
@@ -719,5 +664,5 @@ class Speaker:
             "conflicts": sum(len(st.get("conflicts", [])) for st in modes.values()),
             "quorum": self.quorum() if self.config.cfg is not None else False,
             "step_errors": self.rt.steps.snapshot(),
-            "fail_closed": bool(self._fail_noted),
+            "fail_closed": bool(self.fail.noted),
         }
