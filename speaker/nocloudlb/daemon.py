@@ -69,7 +69,8 @@ from .heartbeat import Heartbeat
 from .l2.mode import L2View, VipRow
 from .membership import Membership, MembershipSettings
 from .metadata import PeerInfo
-from .modes import Mode, ModeRunner, StepFailed
+from .modes import ModeRunner, StepFailed
+from .modeset import ModeSet
 from .quorumwire import QuorumWiring
 from .runtime import Runtime, mode_rows
 from .state import LabelStore
@@ -114,11 +115,10 @@ class Speaker:
         self.views = Views(self.rt, self.config, lambda: self.fail.reason())  # what this node publishes, sees
         self.fail = FailClosed(self.rt, self.views)  # the loop's failure accounting: fail closed by a planned move
         self.gate = StartGate(self.rt, self.config)  # may this node announce yet (the first join, the settle)
+        self.modeset = ModeSet(self.rt, announcer_factory, self.gate.reason, self.views.member_macs)  # makes modes
         self.control: Any = None
-        self._announcer_factory = announcer_factory
         self._lock = threading.Lock()
         self._stopping = False
-        self._mode_failed_at: dict[str, float] = {}  # optional modes whose start failed, when
         self._view_waiters: dict[str, tuple[threading.Event, dict]] = {}
 
     @property
@@ -162,91 +162,11 @@ class Speaker:
             self._shutdown()
         return code
 
-    def _build_modes(self, cfg: SpeakerConfig) -> list[Mode]:
-        """The modes this speaker runs (each one's few construction lines, marked ``# mode: NAME``)."""
-        from .l2 import delivery  # noqa: PLC0415 - heavy raw-socket code only when running
-        from .l2.announcer import L2Announcer  # noqa: PLC0415
-        from .l2.mode import L2Mode  # noqa: PLC0415
-
-        modes: list[Mode] = []
-        # mode: l2
-        self.rt.delivery = self.rt.delivery or delivery
-        self.rt.delivery.prepare_host()
-        factory = self._announcer_factory or L2Announcer
-        handover = None
-        if self._announcer_factory is None and cfg.handover_grace > 0:
-            from .l2.handover import HandoverForwarder  # noqa: PLC0415
-
-            handover = HandoverForwarder(logging.getLogger("nocloudlb.l2"), grace=cfg.handover_grace)
-        self.rt.l2 = L2Mode(None, self.rt.delivery, cfg.state_dir, gate=self.gate.reason,
-                            member_macs=self.views.member_macs, handover=handover, post=self.post,
-                            other_lo=self._other_lo, suspecters=self.rt.suspecters, quorum=self.quorum)
-        self.rt.l2.announcer = factory(cfg.node_name, logging.getLogger("nocloudlb.l2"),
-                                    is_peer_mac=self.rt.l2.is_peer_mac, rate=cfg.announce_rate,
-                                    burst=cfg.announce_burst)
-        if hasattr(self.rt.l2.announcer, "on_contest"):  # another member announcing a VIP we hold: the wire rule
-            self.rt.l2.announcer.on_contest = self.rt.l2.wire.contest
-        modes.append(self.rt.l2)
-        return modes
-
-    # Modes a config may ask for after start (a reload that adds Backends or BGPPeers): each
-    # is (name, does this config need it, how to make it). Started on the first reconcile
-    # that needs it; a start that fails is logged and tried again 30 s later, while the
-    # other modes go on.
-    def _optional_modes(self) -> list[tuple[str, Any, Any]]:
-        def dataplane(cfg: SpeakerConfig) -> Mode:  # mode: dataplane
-            from .dataplane import DataplaneMode  # noqa: PLC0415
-
-            return DataplaneMode()
-
-        def bgp(cfg: SpeakerConfig) -> Mode:  # mode: bgp
-            from .bgp.mode import BgpMode, FrrControl  # noqa: PLC0415
-
-            def host(addr: str) -> str:
-                return addr.rsplit(":", 1)[0].strip("[]")
-
-            # point 8's flow handover goes to the other members (the join list, this node left out)
-            peers = [host(a) for a in cfg.join if host(a) != host(cfg.bind)]
-            return BgpMode(cfg.node_name, FrrControl(workdir=os.path.dirname(cfg.socket)), flow_peers=peers,
-                           flow_rate=cfg.flow_rate, flow_burst=cfg.flow_burst)
-
-        return [
-            ("dataplane", lambda parsed: bool(getattr(parsed, "backends", None)), dataplane),
-            ("bgp", lambda parsed: bool(getattr(parsed, "bgp_peers", None)), bgp),
-        ]
-
-    def _other_lo(self) -> set[str]:
-        """VIPs the modes other than layer 2 serve (BGP): the layer-2 mode holds them on lo too."""
-        held: set[str] = set()
-        for m in self.rt.modes:
-            lo_vips = getattr(m.mode, "lo_vips", None)
-            if m.name != "l2" and lo_vips is not None:
-                held |= set(lo_vips())
-        return held
-
-    def _ensure_modes(self, cfg: SpeakerConfig) -> None:
-        running = {m.name for m in self.rt.modes}
-        for name, needed, make in self._optional_modes():
-            if name in running or not needed(cfg.parsed):
-                continue
-            if time.monotonic() - self._mode_failed_at.get(name, -1e9) < 30:
-                continue
-            try:
-                mode = make(cfg)
-                mode.start()
-            except Exception as exc:  # noqa: BLE001 - one mode that cannot start never stops the others
-                self._mode_failed_at[name] = time.monotonic()
-                logs.event(log, "modeFailed", f"cannot start the {name} mode: {exc}", logging.ERROR, mode=name)
-                continue
-            # before layer 2, which applies last: it holds on lo what the others serve (lo_vips)
-            self.rt.modes.insert(0, ModeRunner(mode, self.rt.steps))
-            logs.event(log, "modeStarted", mode=name)
-
     def _start(self, cfg: SpeakerConfig) -> None:
         self.rt.labels = LabelStore(cfg.state_dir)
         self.rt.health = HealthChecker(self.post)
         self.config.apply(cfg, first=True)
-        for mode in self._build_modes(cfg):
+        for mode in self.modeset.build(cfg):
             runner = ModeRunner(mode, self.rt.steps)
             self.rt.modes.append(runner)
             mode.start()
@@ -468,7 +388,7 @@ class Speaker:
         ok, nodes = self.rt.steps.run("view", self.views.node_views)
         if not ok:  # no view to hand the modes: the loop's barrier decides (keep, then fail closed)
             raise StepFailed("view", self.rt.steps.failing.get("view", ""))
-        self.rt.steps.run("modes", self._ensure_modes, cfg)
+        self.rt.steps.run("modes", self.modeset.ensure, cfg)
         for m in self.rt.modes:
             m.apply(cfg.node_name, nodes, cfg.parsed)  # behind ModeRunner's barrier
         self.fail.note()
