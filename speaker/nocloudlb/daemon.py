@@ -45,12 +45,10 @@ fault that comes back when the node serves again does not flap), the node is no 
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import queue
 import signal
-import threading
 import time
 from typing import Any
 
@@ -59,11 +57,12 @@ import kinship
 from nocloudlb.core.election import NodeView
 
 from . import logs, memory, sdnotify
-from .config import SpeakerConfig, runtime_label_problem
+from .config import SpeakerConfig
 from .configcheck import check_extra, health_specs, label_keys, local_services, metadata_problems, validate
 from .configstate import RESTART_FIELDS, ConfigState
 from .failclosed import FailClosed
 from .gate import StartGate
+from .handlers import ControlHandlers
 from .health import HealthChecker
 from .heartbeat import Heartbeat
 from .l2.mode import L2View, VipRow
@@ -71,6 +70,7 @@ from .membership import Membership, MembershipSettings
 from .metadata import PeerInfo
 from .modes import ModeRunner, StepFailed
 from .modeset import ModeSet
+from .peerview import PeerViews
 from .quorumwire import QuorumWiring
 from .runtime import Runtime, mode_rows
 from .state import LabelStore
@@ -117,11 +117,11 @@ class Speaker:
         self.fail = FailClosed(self.rt, self.views)  # the loop's failure accounting: fail closed by a planned move
         self.gate = StartGate(self.rt, self.config)  # may this node announce yet (the first join, the settle)
         self.report = StatusReport(self.rt, self.config, self.views, self.fail)  # status and metrics
+        self.peerview = PeerViews(self.rt, self.config, self.views)  # how other members see this node
+        self.handlers = ControlHandlers(self.rt, self.config, self.views, self.report, self.peerview)
         self.modeset = ModeSet(self.rt, announcer_factory, self.gate.reason, self.views.member_macs)  # makes modes
         self.control: Any = None
-        self._lock = threading.Lock()
         self._stopping = False
-        self._view_waiters: dict[str, tuple[threading.Event, dict]] = {}
 
     @property
     def announcer(self) -> Any:
@@ -176,7 +176,7 @@ class Speaker:
         from .control import ControlServer
         from .metrics import serve
 
-        self.control = ControlServer(cfg.socket, self.handle)
+        self.control = ControlServer(cfg.socket, self.handlers.handle)
         self.control.start()
         self._metrics = serve(cfg.metrics_bind, self.metrics_snapshot)
 
@@ -184,7 +184,7 @@ class Speaker:
         self.rt.quorum = QuorumWiring(cfg, lambda: self.rt.membership, self.post)
         self.rt.membership = Membership(settings, self.post, logging.getLogger("nocloudlb.membership"),
                                      on_heal=lambda reason, node: self.post(f"heal\t{reason}\t{node}"),
-                                     on_message=self._on_message)
+                                     on_message=self.peerview.on_message)
         self._install_signals()
         meta = self.views.meta()
         self.rt.membership.start(meta)
@@ -398,105 +398,12 @@ class Speaker:
             self._settled = cfg.parsed
             self.rt.steps.run("settle", memory.settle)
 
-    # -- control ---------------------------------------------------------------------------
+    # -- control (handlers.py, peerview.py) -----------------------------------------------------
     def handle(self, req: dict) -> dict:
-        cmd = req.get("cmd")
-        if cmd == "status":
-            try:
-                return self.status(req)
-            except ValueError as exc:  # a bad VIP filter (statusview.select_vips)
-                return {"ok": False, "error": str(exc)}
-            except Exception as exc:  # noqa: BLE001 - counted; the decision thread is not concerned
-                return {"ok": False, "error": f"status failed: {self.rt.steps.failed('status', exc)}"}
-        if cmd == "label":
-            return self._label(req)
-        if cmd == "reload":
-            return self.config.reload_and_wait()
-        if cmd == "keys":
-            return {"ok": True, "keyIds": self.rt.membership.key_ids() if self.rt.membership else []}
-        if cmd == "peerView":
-            ips = req.get("ips") or []
-            if not isinstance(ips, list):
-                return {"ok": False, "error": "peerView: 'ips' is a list of addresses"}
-            return self.peer_view(ips)
-        return {"ok": False, "error": f"unknown cmd {cmd!r} (known: status, label, reload, keys, peerView)"}
-
-    # -- another member's view (node_drain confirms a drain from it) ----------------------------
-    def _on_message(self, sender: str, data: bytes) -> None:
-        """A user message from a member: a view query (answered) or the answer to ours."""
-        if len(data) > 65536:
-            return
-        try:
-            msg = json.loads(data)
-        except ValueError:
-            return
-        if not isinstance(msg, dict):
-            return
-        if msg.get("q") == "view" and isinstance(msg.get("id"), str) and self.rt.membership is not None:
-            ips = [str(ip) for ip in (msg.get("ips") or [])[:256]] if isinstance(msg.get("ips"), list) else []
-            info = self.views.peers.get(sender)
-            state = next((m.state for m in self.rt.membership.members() if m.name == sender), "unknown")
-            leaders = {v["ip"]: v.get("leader") for m in self.rt.modes for v in mode_rows(m.status())
-                       if v.get("ip") in ips}
-            reply = {"r": msg["id"][:64], "node": self.config.cfg.node_name if self.config.cfg else "", "about": sender,
-                     "state": state, "labels": dict(info.labels) if info else {}, "leaders": leaders}
-            try:
-                self.rt.membership.send(sender, json.dumps(reply).encode(), timeout=1.0)
-            except (kinship.KinshipError, TimeoutError, RuntimeError) as exc:
-                logs.event(log, "peerViewFailed", f"cannot answer {sender}: {exc}", logging.DEBUG)
-        elif isinstance(msg.get("r"), str):
-            with self._lock:
-                waiter = self._view_waiters.get(msg["r"])
-            if waiter is not None:
-                waiter[1].update(msg, sender=sender)
-                waiter[0].set()
+        return self.handlers.handle(req)
 
     def peer_view(self, ips: list[str], timeout: float = 2.0) -> dict:
-        """Ask the other live members how they see this node and who leads ``ips``; the first answer."""
-        me = self.config.cfg.node_name if self.config.cfg else ""
-        peers = [m.name for m in (self.rt.membership.members() if self.rt.membership else [])
-                 if m.name != me and m.state == "alive"]
-        if not peers:
-            return {"ok": False, "error": "no other live member to ask"}
-        qid = os.urandom(8).hex()
-        ev, answer = threading.Event(), dict[str, Any]()
-        with self._lock:
-            self._view_waiters[qid] = (ev, answer)
-        try:
-            data = json.dumps({"q": "view", "id": qid, "ips": [str(i) for i in ips][:256]}).encode()
-            for name in peers[:3]:
-                try:
-                    assert self.rt.membership is not None
-                    self.rt.membership.send(name, data, timeout=1.0)
-                except (kinship.KinshipError, TimeoutError, RuntimeError):
-                    continue
-            if not ev.wait(timeout):
-                return {"ok": False, "error": f"no member answered within {timeout:g}s (asked {peers[:3]})"}
-        finally:
-            with self._lock:
-                self._view_waiters.pop(qid, None)
-        return {"ok": True, "peer": answer.get("sender") or answer.get("node"), "state": answer.get("state"),
-                "labels": answer.get("labels") or {}, "leaders": answer.get("leaders") or {}}
-
-    def _label(self, req: dict) -> dict:
-        set_ = req.get("set") or {}
-        unset = req.get("unset") or []
-        if not isinstance(set_, dict) or not isinstance(unset, list):
-            return {"ok": False, "error": "label: 'set' is an object of key: value, 'unset' a list of keys"}
-        # the rules of node.labels in the config: what is set here is gossiped and logged too
-        for problem in [runtime_label_problem(k, v) for k, v in set_.items()] + [
-                runtime_label_problem(k) for k in unset]:
-            if problem:
-                return {"ok": False, "error": problem}
-        assert self.rt.labels is not None
-        with self._lock:
-            try:
-                self.rt.labels.update(set_, unset)
-            except OSError as exc:
-                return {"ok": False, "error": f"label: cannot persist to {self.rt.labels.path}: {exc}"}
-        logs.event(log, "labelsChanged", set=set_, unset=unset, labels=self.views.my_labels())
-        self.post()
-        return {"ok": True, "labels": self.views.my_labels()}
+        return self.peerview.ask(ips, timeout)
 
     # -- status and metrics (status.py) -------------------------------------------------------
     def rows(self) -> tuple[list[VipRow], L2View]:
