@@ -66,6 +66,7 @@ from .handlers import ControlHandlers
 from .health import HealthChecker
 from .heartbeat import Heartbeat
 from .l2.mode import L2View, VipRow
+from .leaserenewal import LeaseRenewal
 from .membership import Membership, MembershipSettings
 from .metadata import PeerInfo
 from .modes import ModeRunner, StepFailed
@@ -120,6 +121,7 @@ class Speaker:
         self.peerview = PeerViews(self.rt, self.config, self.views)  # how other members see this node
         self.handlers = ControlHandlers(self.rt, self.config, self.views, self.report, self.peerview)
         self.modeset = ModeSet(self.rt, announcer_factory, self.gate.reason, self.views.member_macs)  # makes modes
+        self.lease = LeaseRenewal(self.rt)  # the layer-2 answering lease, renewed while the loop waits
         self.control: Any = None
         self._stopping = False
 
@@ -183,8 +185,8 @@ class Speaker:
         settings = MembershipSettings(cfg.node_name, cfg.bind, cfg.join, self.config.keys, cfg.profile, cfg.overrides)
         self.rt.quorum = QuorumWiring(cfg, lambda: self.rt.membership, self.post)
         self.rt.membership = Membership(settings, self.post, logging.getLogger("nocloudlb.membership"),
-                                     on_heal=lambda reason, node: self.post(f"heal\t{reason}\t{node}"),
-                                     on_message=self.peerview.on_message)
+                                        on_heal=lambda reason, node: self.post(f"heal\t{reason}\t{node}"),
+                                        on_message=self.peerview.on_message)
         self._install_signals()
         meta = self.views.meta()
         self.rt.membership.start(meta)
@@ -255,8 +257,6 @@ class Speaker:
                 sdnotify.notify("WATCHDOG=1")
                 next_wd = time.monotonic() + wd
 
-    _lease: Any = None  # l2/lease.py Renewal, made at the first wait
-
     def _next_event(self, timeout: float) -> str:
         """The loop's wait for the next event (queue.Empty after ``timeout``), renewing the layer-2 answering
         lease (l2/lease.py) at its start, whenever it is due meanwhile and just before the pass it returns to:
@@ -268,7 +268,7 @@ class Speaker:
         for it."""
         end = time.monotonic() + timeout
         while True:
-            sleep = self._l2_lease()  # also just before each pass: what it announces is answered at once
+            sleep = self.lease.step()  # also just before each pass: what it announces is answered at once
             left = end - time.monotonic()
             if sleep <= 0.0 or left <= 0.0:
                 raise queue.Empty  # a pass now: the loop's own timeout, or the reconcile that ends a stall
@@ -276,32 +276,8 @@ class Speaker:
                 item = self.events.get(timeout=min(left, sleep))
             except queue.Empty:
                 continue
-            self._l2_lease()
+            self.lease.step()
             return item
-
-    def _l2_lease(self) -> float:
-        """One step of the lease renewal; the longest the wait may last before the next one."""
-        renew = getattr(self.announcer, "renew_lease", None)
-        if renew is None or self.rt.membership is None:
-            return 1.0
-        try:
-            if self._lease is None:
-                from .l2.lease import Renewal, lease_seconds  # noqa: PLC0415
-
-                interval, miss, _offset = self.rt.membership.settings.heartbeat()
-                self._lease = Renewal(lease_seconds(interval, miss), settle=2 * interval)
-            sleep, event = self._lease.step(time.monotonic_ns(), renew)
-        except Exception as exc:  # noqa: BLE001 - outside the loop's barrier: the lease lapses, the loop goes on
-            logs.event(log, "l2LeaseFailed", f"{type(exc).__name__}: {exc}"[:500], logging.ERROR)
-            return 0.1
-        if event is not None:
-            name = event.pop("event")
-            stalled = name == "l2LeaseStalled"
-            logs.event(log, name, "this process stood still longer than the layer-2 lease: not answering until "
-                       "a reconcile from what the heartbeats heard meanwhile" if stalled else
-                       "answering again after a reconcile that followed the stall",
-                       logging.WARNING if stalled else logging.INFO, **event)
-        return sleep
 
     def _iteration(self, items: list[str]) -> None:
         if "reload" in items:
