@@ -56,7 +56,7 @@ import kinship
 
 from nocloudlb.core.election import NodeView
 
-from . import logs, memory, sdnotify
+from . import logs, sdnotify
 from .config import SpeakerConfig
 from .configcheck import check_extra, health_specs, label_keys, local_services, metadata_problems, validate
 from .configstate import RESTART_FIELDS, ConfigState
@@ -69,10 +69,11 @@ from .l2.mode import L2View, VipRow
 from .leaserenewal import LeaseRenewal
 from .membership import Membership, MembershipSettings
 from .metadata import PeerInfo
-from .modes import ModeRunner, StepFailed
+from .modes import ModeRunner
 from .modeset import ModeSet
 from .peerview import PeerViews
 from .quorumwire import QuorumWiring
+from .reconcile import Reconciler
 from .runtime import Runtime, mode_rows
 from .state import LabelStore
 from .status import StatusReport
@@ -121,9 +122,9 @@ class Speaker:
         self.peerview = PeerViews(self.rt, self.config, self.views)  # how other members see this node
         self.handlers = ControlHandlers(self.rt, self.config, self.views, self.report, self.peerview)
         self.modeset = ModeSet(self.rt, announcer_factory, self.gate.reason, self.views.member_macs)  # makes modes
+        self.reconciler = Reconciler(self.rt, self.config, self.views, self.modeset, self.fail)  # the decision pass
         self.lease = LeaseRenewal(self.rt)  # the layer-2 answering lease, renewed while the loop waits
         self.control: Any = None
-        self._stopping = False
 
     @property
     def announcer(self) -> Any:
@@ -139,8 +140,6 @@ class Speaker:
 
     def reload(self) -> dict[str, Any]:
         return self.config.reload()
-
-    _settled: Any = None  # the parsed config whose objects memory.settle() froze
 
     # -- lifecycle -------------------------------------------------------------------------
     def run(self) -> int:
@@ -301,15 +300,10 @@ class Speaker:
             logs.event(log, "speakerReady", members=len(self.rt.membership.members()))
 
     def reannounce(self, heals: list[tuple[str, str]] | list[str]) -> list[str]:
-        """Let each mode re-announce what may have moved behind this node's back after a heal."""
-        pairs = [tuple((h.split("\t") + ["", ""])[1:3]) if isinstance(h, str) else h for h in heals]
-        out: list[str] = []
-        for m in self.rt.modes:
-            out.extend(m.hook("on_heal", pairs) or [])
-        return out
+        return self.reconciler.reannounce(heals)
 
     def _shutdown(self) -> None:
-        self._stopping = True
+        self.rt.stopping = True
         logs.event(log, "speakerStopping", "withdrawing, then leaving the cluster so peers take over at once")
         sdnotify.notify("STOPPING=1")
         # stop answering first: the successor announces when it sees us leave, and by then nobody
@@ -350,29 +344,7 @@ class Speaker:
         return self.views.node_views()
 
     def reconcile(self) -> None:
-        cfg = self.config.cfg
-        if cfg is None or self.rt.membership is None or self._stopping:
-            return
-        if self.rt.membership.closed:
-            if not self.rt.closed:
-                self.rt.closed = True
-                logs.event(log, "memberlistClosed", "the gossip layer stopped: the cluster view is unknown; "
-                           "withdrawing everything and exiting so the service manager restarts the speaker",
-                           logging.ERROR)
-            for m in self.rt.modes:
-                m.withdraw_all()
-            return
-        self.rt.steps.run("publish", self.views.publish)  # failing: decide from the last published state
-        ok, nodes = self.rt.steps.run("view", self.views.node_views)
-        if not ok:  # no view to hand the modes: the loop's barrier decides (keep, then fail closed)
-            raise StepFailed("view", self.rt.steps.failing.get("view", ""))
-        self.rt.steps.run("modes", self.modeset.ensure, cfg)
-        for m in self.rt.modes:
-            m.apply(cfg.node_name, nodes, cfg.parsed)  # behind ModeRunner's barrier
-        self.fail.note()
-        if self._settled is not cfg.parsed:  # issue 10: no full collection over the config in a reconcile
-            self._settled = cfg.parsed
-            self.rt.steps.run("settle", memory.settle)
+        self.reconciler.reconcile()
 
     # -- control (handlers.py, peerview.py) -----------------------------------------------------
     def handle(self, req: dict) -> dict:

@@ -8,6 +8,7 @@ It holds no decision; the two reads below are the ones several parts share.
 - ``post(what)``: wake the decision thread (``Speaker.post``: safe from any thread and signal handlers);
 - ``steps``: the barriers' failure counts (modes.Steps); ``modes``: the running modes, in apply order;
 - ``ready``: the first join ended (READY=1 sent); ``closed``: the gossip layer stopped (fail closed, exit);
+  ``stopping``: a graceful stop began (no reconcile any more);
 - ``has_quorum()``: connected to a majority of the cluster's votes (quorumwire.py), False before start;
 - ``suspecters()``: members that suspect this node now (heartbeat.py), none without heartbeats;
 - ``mode_rows(status)``: a mode status's VIP rows.
@@ -43,6 +44,7 @@ class Runtime:
     delivery: Any = None  # nocloudlb.l2.delivery, or a stand-in given to Speaker
     ready: bool = False
     closed: bool = False  # the gossip layer stopped: fail closed and exit
+    stopping: bool = False  # a graceful stop began: no reconcile any more
 
     def has_quorum(self) -> bool:
         """This node is connected to a majority of the cluster's votes (quorumwire.py): it may take VIPs."""
