@@ -35,12 +35,26 @@ handed a view, so it goes to the loop's barrier like any exception that escapes 
 the node *keeps what it holds*: withdrawing at once would leave its VIPs without an owner, since its
 peers still elect it. If the errors last ``FAIL_BOUND`` (3 s: three retries at the loop's 1 s tick,
 well beyond one glitch, and within a few heartbeat timeouts of the ``lan`` profile), the node fails
-closed by a planned move: it publishes itself excluded (the drain label, as ``_meta`` does for a mode
+closed by a planned move: it publishes itself excluded (the drain label, as ``Views.meta`` does for a mode
 that cannot serve), peers take its VIPs, and only then it withdraws; if even that publication fails,
 it withdraws at once (it cannot tell peers, and an unknown view must not keep answering). A mode
 whose apply fails for ``FAIL_BOUND`` trips the same exclusion: it has withdrawn, yet peers elect the
 node. Once iterations (the mode) succeed again for ``RECOVER_HOLD`` (doubled at each new trip, so a
 fault that comes back when the node serves again does not flap), the node is no longer excluded.
+
+Parts (issue 23). ``Speaker`` is the lifecycle only, like ExaBGP's reactor: it starts the parts, runs
+the loop that waits for events and schedules a pass, and stops; every decision and side effect lives
+in a part with one job, which gets what it needs passed in (the live parts in one ``Runtime`` record)
+and never imports this module:
+
+- ``configstate.ConfigState``: the config in use, its keys and codec; load, apply, reload, key file;
+  ``configcheck``: the checks beyond the schema (also ``nocloudlb validate``);
+- ``views.Views``: what this node publishes and the published view; ``gate.StartGate``: may it announce;
+- ``reconcile.Reconciler``: one pass (steps 1-4 above); ``failclosed.FailClosed``: the loop's barrier;
+- ``modeset.ModeSet``: which modes run and how each is made;
+- ``handlers.ControlHandlers``: the control socket's requests; ``peerview.PeerViews``: how other members
+  see this node; ``status.StatusReport``: the status document and the metrics snapshot;
+- ``leaserenewal.LeaseRenewal``: the layer-2 answering lease, renewed while the loop waits.
 """
 
 from __future__ import annotations
@@ -54,8 +68,6 @@ from typing import Any
 
 import kinship
 
-from nocloudlb.core.election import NodeView
-
 from . import logs, sdnotify
 from .config import SpeakerConfig
 from .configcheck import check_extra, health_specs, label_keys, local_services, metadata_problems, validate
@@ -65,10 +77,8 @@ from .gate import StartGate
 from .handlers import ControlHandlers
 from .health import HealthChecker
 from .heartbeat import Heartbeat
-from .l2.mode import L2View, VipRow
 from .leaserenewal import LeaseRenewal
 from .membership import Membership, MembershipSettings
-from .metadata import PeerInfo
 from .modes import ModeRunner
 from .modeset import ModeSet
 from .peerview import PeerViews
@@ -81,7 +91,7 @@ from .views import Views
 
 log = logging.getLogger("nocloudlb.speaker")
 
-# the config checks moved to configcheck.py; their old import path (tests, cli.py) keeps working
+# the config checks live in configcheck.py, mode_rows in runtime.py: their old import path keeps working
 __all__ = ["EXIT_MEMBERSHIP_CLOSED", "RESTART_FIELDS", "Speaker", "check_extra", "health_specs", "label_keys",
            "local_services", "metadata_problems", "mode_rows", "validate"]
 
@@ -94,7 +104,16 @@ def _via(part: str, name: str) -> Any:
                     lambda self, value: setattr(getattr(self, part), name, value))
 
 
+def _calls(part: str, name: str) -> Any:
+    """A Speaker method done by one of its parts: ``sp.status(req)`` is ``sp.report.status(req)``."""
+    return property(lambda self: getattr(getattr(self, part), name))
+
+
 class Speaker:
+    """The lifecycle: ``run`` = ``_start`` (make the live parts, start the modes, control socket, metrics,
+    gossip, heartbeats), ``_loop`` (wait, coalesce, one ``_iteration`` behind the barrier) and
+    ``_shutdown``. The attributes and methods below the loop keep the names callers and tests use."""
+
     # the live parts (runtime.py) under the names callers and tests use
     membership = _via("rt", "membership")
     heartbeat = _via("rt", "heartbeat")
@@ -125,21 +144,11 @@ class Speaker:
         self.reconciler = Reconciler(self.rt, self.config, self.views, self.modeset, self.fail)  # the decision pass
         self.lease = LeaseRenewal(self.rt)  # the layer-2 answering lease, renewed while the loop waits
         self.control: Any = None
-
-    @property
-    def announcer(self) -> Any:
-        return self.rt.l2.announcer if self.rt.l2 is not None else None
+        self._metrics: Any = None
 
     # -- posting from other threads / signal handlers ---------------------------------------
     def post(self, what: str = "change") -> None:
         self.events.put(what)  # SimpleQueue.put is reentrant: safe from signal handlers
-
-    # -- config (configstate.py) -----------------------------------------------------------
-    def _load(self) -> tuple[bool, SpeakerConfig | None]:
-        return self.config.load()
-
-    def reload(self) -> dict[str, Any]:
-        return self.config.reload()
 
     # -- lifecycle -------------------------------------------------------------------------
     def run(self) -> int:
@@ -179,7 +188,7 @@ class Speaker:
 
         self.control = ControlServer(cfg.socket, self.handlers.handle)
         self.control.start()
-        self._metrics = serve(cfg.metrics_bind, self.metrics_snapshot)
+        self._metrics = serve(cfg.metrics_bind, self.report.metrics_snapshot)
 
         settings = MembershipSettings(cfg.node_name, cfg.bind, cfg.join, self.config.keys, cfg.profile, cfg.overrides)
         self.rt.quorum = QuorumWiring(cfg, lambda: self.rt.membership, self.post)
@@ -211,10 +220,6 @@ class Speaker:
         hb.set_meta(meta)
         if self.rt.quorum is not None:
             self.rt.quorum.attach(hb, self.rt.l2)
-
-    def quorum(self) -> bool:
-        """This node is connected to a majority of the cluster's votes (quorumwire.py): it may take VIPs."""
-        return self.rt.has_quorum()
 
     def _install_signals(self) -> None:
         signal.signal(signal.SIGTERM, lambda *_: self.post("stop"))
@@ -283,7 +288,7 @@ class Speaker:
             logs.event(log, "configReload", "reloading on SIGHUP", path=self.config_path)
             self.rt.steps.run("reload", self.config.reload)
         self.rt.steps.run("keyFile", self.config.poll_key_file)
-        self.reconcile()
+        self.reconciler.reconcile()
         if self.rt.closed:
             return
         heals = []
@@ -292,15 +297,12 @@ class Speaker:
                 _h, reason, node = (item.split("\t") + ["", ""])[:3]
                 heals.append((reason, node))
         if heals:
-            self.reannounce(heals)
+            self.reconciler.reannounce(heals)
         assert self.rt.membership is not None
         if not self.rt.ready and self.rt.membership.first_join_done.is_set():
             self.rt.ready = True
             sdnotify.notify("READY=1\nSTATUS=serving")
             logs.event(log, "speakerReady", members=len(self.rt.membership.members()))
-
-    def reannounce(self, heals: list[tuple[str, str]] | list[str]) -> list[str]:
-        return self.reconciler.reannounce(heals)
 
     def _shutdown(self) -> None:
         self.rt.stopping = True
@@ -327,38 +329,22 @@ class Speaker:
         logs.event(log, "speakerStopped")
         logs.flush()  # every queued line written before the process goes (the log writer is a thread)
 
-    _metrics: Any = None
+    # -- below: the names callers and tests use, kept by the parts ------------------------------
+    @property
+    def announcer(self) -> Any:
+        return self.rt.l2.announcer if self.rt.l2 is not None else None
 
-    # -- the decision ----------------------------------------------------------------------
-    # views and publishing (views.py), under the names callers and tests use
-    def my_labels(self) -> dict[str, str]:
-        return self.views.my_labels()
-
-    def member_macs(self) -> dict[str, tuple[bytes, ...]]:
-        return self.views.member_macs()
-
-    def published(self) -> PeerInfo | None:
-        return self.views.published()
-
-    def node_views(self) -> list[NodeView]:
-        return self.views.node_views()
-
-    def reconcile(self) -> None:
-        self.reconciler.reconcile()
-
-    # -- control (handlers.py, peerview.py) -----------------------------------------------------
-    def handle(self, req: dict) -> dict:
-        return self.handlers.handle(req)
-
-    def peer_view(self, ips: list[str], timeout: float = 2.0) -> dict:
-        return self.peerview.ask(ips, timeout)
-
-    # -- status and metrics (status.py) -------------------------------------------------------
-    def rows(self) -> tuple[list[VipRow], L2View]:
-        return self.report.rows()
-
-    def status(self, req: dict | None = None) -> dict[str, Any]:
-        return self.report.status(req)
-
-    def metrics_snapshot(self) -> dict[str, Any]:
-        return self.report.metrics_snapshot()
+    quorum = _calls("rt", "has_quorum")  # connected to a majority of the cluster's votes: it may take VIPs
+    _load = _calls("config", "load")
+    reload = _calls("config", "reload")
+    my_labels = _calls("views", "my_labels")
+    member_macs = _calls("views", "member_macs")
+    published = _calls("views", "published")
+    node_views = _calls("views", "node_views")
+    reconcile = _calls("reconciler", "reconcile")
+    reannounce = _calls("reconciler", "reannounce")
+    handle = _calls("handlers", "handle")
+    peer_view = _calls("peerview", "ask")
+    rows = _calls("report", "rows")
+    status = _calls("report", "status")
+    metrics_snapshot = _calls("report", "metrics_snapshot")
