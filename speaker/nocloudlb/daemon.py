@@ -35,312 +35,128 @@ handed a view, so it goes to the loop's barrier like any exception that escapes 
 the node *keeps what it holds*: withdrawing at once would leave its VIPs without an owner, since its
 peers still elect it. If the errors last ``FAIL_BOUND`` (3 s: three retries at the loop's 1 s tick,
 well beyond one glitch, and within a few heartbeat timeouts of the ``lan`` profile), the node fails
-closed by a planned move: it publishes itself excluded (the drain label, as ``_meta`` does for a mode
+closed by a planned move: it publishes itself excluded (the drain label, as ``Views.meta`` does for a mode
 that cannot serve), peers take its VIPs, and only then it withdraws; if even that publication fails,
 it withdraws at once (it cannot tell peers, and an unknown view must not keep answering). A mode
 whose apply fails for ``FAIL_BOUND`` trips the same exclusion: it has withdrawn, yet peers elect the
 node. Once iterations (the mode) succeed again for ``RECOVER_HOLD`` (doubled at each new trip, so a
 fault that comes back when the node serves again does not flap), the node is no longer excluded.
+
+Parts (issue 23). ``Speaker`` is the lifecycle only, like ExaBGP's reactor: it starts the parts, runs
+the loop that waits for events and schedules a pass, and stops; every decision and side effect lives
+in a part with one job, which gets what it needs passed in (the live parts in one ``Runtime`` record)
+and never imports this module:
+
+- ``configstate.ConfigState``: the config in use, its keys and codec; load, apply, reload, key file;
+  ``configcheck``: the checks beyond the schema (also ``nocloudlb validate``);
+- ``views.Views``: what this node publishes and the published view; ``gate.StartGate``: may it announce;
+- ``reconcile.Reconciler``: one pass (steps 1-4 above); ``failclosed.FailClosed``: the loop's barrier;
+- ``modeset.ModeSet``: which modes run and how each is made;
+- ``handlers.ControlHandlers``: the control socket's requests; ``peerview.PeerViews``: how other members
+  see this node; ``status.StatusReport``: the status document and the metrics snapshot;
+- ``leaserenewal.LeaseRenewal``: the layer-2 answering lease, renewed while the loop waits.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import queue
 import signal
-import threading
 import time
-from dataclasses import replace
 from typing import Any
 
 import kinship
 
-from nocloudlb.core.allocation import held_address_problems
-from nocloudlb.core.bgp import read_password_files  # mode: bgp
-from nocloudlb.core.election import DRAIN_LABEL, NodeView
-from nocloudlb.core.errors import ConfigError
-
-from . import logs, memory, sdnotify
-from .config import ConfigHolder, KeyFileWatch, SpeakerConfig, now_iso, runtime_label_problem
-from .health import CheckSpec, HealthChecker
+from . import logs, sdnotify
+from .config import SpeakerConfig
+from .configcheck import check_extra, health_specs, label_keys, local_services, metadata_problems, validate
+from .configstate import RESTART_FIELDS, ConfigState
+from .failclosed import FailClosed
+from .gate import StartGate
+from .handlers import ControlHandlers
+from .health import HealthChecker
 from .heartbeat import Heartbeat
-from .l2.mode import L2View, VipRow
-from .membership import KeyFileError, Membership, MembershipSettings, read_key_file, split_addr
-from .metadata import MAX_META, MetaCodec, PeerInfo
-from .modes import FAIL_BOUND, FailClock, Mode, ModeRunner, StepFailed, Steps
+from .leaserenewal import LeaseRenewal
+from .membership import Membership, MembershipSettings
+from .modes import ModeRunner
+from .modeset import ModeSet
+from .peerview import PeerViews
 from .quorumwire import QuorumWiring
+from .reconcile import Reconciler
+from .runtime import Runtime, mode_rows
 from .state import LabelStore
+from .status import StatusReport
+from .views import Views
 
 log = logging.getLogger("nocloudlb.speaker")
 
-#: Settings read once at start: a reload keeps the running values and says a restart is needed.
-RESTART_FIELDS = ("node_name", "bind", "join", "profile", "overrides", "socket", "metrics_bind", "state_dir",
-                  "handover_grace", "announce_rate", "announce_burst", "start_settle",
-                  "flow_rate", "flow_burst", "witness")  # mode: bgp (flow_*) (read when the BGP mode starts)
+# the config checks live in configcheck.py, mode_rows in runtime.py: their old import path keeps working
+__all__ = ["EXIT_MEMBERSHIP_CLOSED", "RESTART_FIELDS", "Speaker", "check_extra", "health_specs", "label_keys",
+           "local_services", "metadata_problems", "mode_rows", "validate"]
 
 EXIT_MEMBERSHIP_CLOSED = 3
 
 
-def label_keys(parsed: Any) -> set[str]:
-    """Label keys the election reads: the drain label and those in advertisement node selectors."""
-    keys = {DRAIN_LABEL}
-    for adv in parsed.l2_advertisements:
-        for sel in adv.node_selectors or []:
-            keys.update((sel.get("matchLabels") or {}).keys())
-            keys.update(e.get("key") for e in sel.get("matchExpressions") or [] if e.get("key"))
-    # mode: bgp - BGPPeer/BGPAdvertisement node selectors and the flow-handover switch (bgp/flows.py)
-    for item in list(getattr(parsed, "bgp_advertisements", [])) + list(getattr(parsed, "bgp_peers", [])):
-        for sel in item.node_selectors or []:
-            keys.update((sel.get("matchLabels") or {}).keys())
-            keys.update(e.get("key") for e in sel.get("matchExpressions") or [] if e.get("key"))
-    if getattr(parsed, "bgp_peers", None):
-        keys.add("nocloud.io/bgp-flow-handover")
-    return keys
+def _via(part: str, name: str) -> Any:
+    """A Speaker attribute kept by one of its parts: callers and tests read and set it under the old name."""
+    return property(lambda self: getattr(getattr(self, part), name),
+                    lambda self, value: setattr(getattr(self, part), name, value))
 
 
-def local_services(parsed: Any) -> list[str]:
-    return [s.key for s in parsed.services if s.traffic_policy == "Local"]
-
-
-def health_specs(parsed: Any) -> tuple[dict[str, CheckSpec | None], list[str]]:
-    """Local-policy services -> check spec (None = no check, counts healthy); with problems found."""
-    specs: dict[str, CheckSpec | None] = {}
-    errors: list[str] = []
-    for svc in parsed.services:
-        if svc.traffic_policy != "Local":
-            continue
-        raw = svc.health_check
-        if not raw:
-            specs[svc.key] = None
-            continue
-        try:
-            specs[svc.key] = CheckSpec.from_dict(f"Service {svc.key}", raw)
-        except ValueError as exc:
-            errors.append(str(exc))
-    return specs, errors
-
-
-def metadata_problems(cfg: SpeakerConfig) -> list[str]:
-    """A config whose gossiped metadata could outgrow kinship's 512 bytes is refused at load (a node
-    that cannot publish would decide from a state its peers do not see), and so is one where two
-    Local-policy services share a health id."""
-    codec = MetaCodec(local_services(cfg.parsed), label_keys(cfg.parsed), cfg.digest)
-    errors = [f"Service {b}: its health id collides with Service {a}'s; rename one of them"
-              for a, b in codec.collisions]
-    worst = codec.worst_case_size()
-    if worst > MAX_META:
-        errors.append(
-            f"config: the metadata this node gossips could reach {worst} bytes, more than kinship's {MAX_META}: "
-            f"{len(codec.order_ids)} Local-policy services (one bit each) and the node-selector label keys "
-            f"{sorted(codec.label_keys)} (values up to 63 characters each) do not fit; use fewer Local-policy "
-            "services or fewer or shorter node-selector label keys")
-    return errors
-
-
-def check_extra(cfg: SpeakerConfig) -> tuple[list[str] | None, list[str]]:
-    """Checks beyond the schema: the key file, the health checks, the metadata size. Returns (keys, errors)."""
-    errors: list[str] = []
-    keys = None
-    if cfg.key_file:
-        try:
-            keys = read_key_file(cfg.key_file)
-        except KeyFileError as exc:
-            errors.append(str(exc))
-    errors.extend(health_specs(cfg.parsed)[1])
-    errors.extend(metadata_problems(cfg))
-    errors.extend(held_address_problems(cfg.parsed.services))  # one VIP, one leader: sharing as MetalLB allows
-    if cfg.parsed is not None:  # mode: bgp - BGPPeer passwordFile, read where it lives
-        errors.extend(read_password_files(cfg.parsed))
-    return keys, errors
-
-
-def mode_rows(st: dict) -> list[dict]:
-    """A mode status's VIP rows (``vips``: one owner per VIP, as layer 2 keeps them), rows only."""
-    rows = st.get("vips")
-    return [v for v in rows if isinstance(v, dict) and "ip" in v] if isinstance(rows, list) else []
+def _calls(part: str, name: str) -> Any:
+    """A Speaker method done by one of its parts: ``sp.status(req)`` is ``sp.report.status(req)``."""
+    return property(lambda self: getattr(getattr(self, part), name))
 
 
 class Speaker:
+    """The lifecycle: ``run`` = ``_start`` (make the live parts, start the modes, control socket, metrics,
+    gossip, heartbeats), ``_loop`` (wait, coalesce, one ``_iteration`` behind the barrier) and
+    ``_shutdown``. The attributes and methods below the loop keep the names callers and tests use."""
+
+    # the live parts (runtime.py) under the names callers and tests use
+    membership = _via("rt", "membership")
+    heartbeat = _via("rt", "heartbeat")
+    health = _via("rt", "health")
+    labels = _via("rt", "labels")
+    l2 = _via("rt", "l2")
+    modes = _via("rt", "modes")
+    steps = _via("rt", "steps")
+    ready = _via("rt", "ready")
+    # the config in use (configstate.py); tests set sp.cfg after sp._load()
+    cfg = _via("config", "cfg")
+    keys = _via("config", "keys")
+    codec = _via("config", "codec")
+    holder = _via("config", "holder")
+
     def __init__(self, config_path: str, announcer_factory: Any = None, delivery: Any = None) -> None:
         self.config_path = config_path
-        self.holder = ConfigHolder(config_path)
         self.events: queue.SimpleQueue[str] = queue.SimpleQueue()
-        self.ready = False
-        self.keys: list[str] | None = None
-        self.cfg: SpeakerConfig | None = None
-        self.membership: Membership | None = None
-        self.heartbeat: Heartbeat | None = None  # heartbeat: direct heartbeats (fast suspicion, drains)
-        self._quorum: QuorumWiring | None = None  # quorumwire.py: who may take VIPs, made at start
-        self.health: HealthChecker | None = None
+        self.rt = Runtime(self.post, delivery=delivery)  # the live parts, made at start (runtime.py)
+        self.config = ConfigState(config_path, self.rt)  # the config in use, its keys and codec; reloads
+        self.views = Views(self.rt, self.config, lambda: self.fail.reason())  # what this node publishes, sees
+        self.fail = FailClosed(self.rt, self.views)  # the loop's failure accounting: fail closed by a planned move
+        self.gate = StartGate(self.rt, self.config)  # may this node announce yet (the first join, the settle)
+        self.report = StatusReport(self.rt, self.config, self.views, self.fail)  # status and metrics
+        self.peerview = PeerViews(self.rt, self.config, self.views)  # how other members see this node
+        self.handlers = ControlHandlers(self.rt, self.config, self.views, self.report, self.peerview)
+        self.modeset = ModeSet(self.rt, announcer_factory, self.gate.reason, self.views.member_macs)  # makes modes
+        self.reconciler = Reconciler(self.rt, self.config, self.views, self.modeset, self.fail)  # the decision pass
+        self.lease = LeaseRenewal(self.rt)  # the layer-2 answering lease, renewed while the loop waits
         self.control: Any = None
-        self.labels: LabelStore | None = None
-        self.codec: MetaCodec | None = None
-        self.modes: list[ModeRunner] = []
-        self.l2: Any = None  # the layer-2 mode (nocloudlb.l2.mode.L2Mode)
-        self._announcer_factory = announcer_factory
-        self._delivery = delivery
-        self._last_meta: dict[str, str] = {}  # the metadata kinship accepted last: what peers see
-        self._meta_error = ""
-        self._peers: dict[str, PeerInfo] = {}
-        self._lock = threading.Lock()
-        self._stopping = False
-        self._closed = False  # the gossip layer stopped: fail closed and exit
-        self._restart_pending: list[str] = []
-        self._peer_configs: dict[str, str] = {}
-        self.steps = Steps()  # failures per step, behind their barriers (nocloudlb.modes)
-        self._loop_clock = FailClock()  # iterations failing: fail closed after FAIL_BOUND
-        self._fail_noted = ""  # what makes this node publish itself excluded: "loop", a mode's name, or ""
-        self._fail_since = ""
-        self._mode_failed_at: dict[str, float] = {}  # optional modes whose start failed, when
-        self._view_waiters: dict[str, tuple[threading.Event, dict]] = {}
-        self._reloaded = threading.Condition()
-        self._reload_count = 0
-        self._last_reload: dict[str, Any] = {}
-
-    @property
-    def announcer(self) -> Any:
-        return self.l2.announcer if self.l2 is not None else None
+        self._metrics: Any = None
 
     # -- posting from other threads / signal handlers ---------------------------------------
     def post(self, what: str = "change") -> None:
         self.events.put(what)  # SimpleQueue.put is reentrant: safe from signal handlers
 
-    # -- config ---------------------------------------------------------------------------
-    def _load(self) -> tuple[bool, SpeakerConfig | None]:
-        ok, cfg = self.holder.reload()
-        # the key file's identity before it is read: a change made meanwhile is seen by the next poll
-        watch = KeyFileWatch(cfg.key_file) if ok and cfg is not None and cfg.key_file else None
-        if (ok and cfg is not None and self.holder.unchanged and cfg is self.cfg
-                and not any(p.password_file for p in cfg.parsed.bgp_peers)):
-            # the very file in use (digest first): only the key file may have changed beside it
-            # (files it names beside the key file, BGPPeer passwordFile, are read again below)
-            if cfg.key_file:
-                self._key_watch = watch
-                try:
-                    self.keys = read_key_file(cfg.key_file)
-                except KeyFileError as exc:
-                    with self.holder._lock:
-                        self.holder.state, self.holder.errors = "error", [str(exc)]
-                    return False, self.cfg
-            return ok, cfg
-        if ok and cfg is not None:
-            keys, extra = check_extra(cfg)
-            if extra:
-                # refuse the whole file: keep the last good config, as for a schema error
-                with self.holder._lock:
-                    self.holder.current = self.cfg
-                    self.holder.state, self.holder.errors = "error", extra
-                    self.holder.last_good_at = self._last_good_at
-                return False, self.cfg
-            self.keys, self._key_watch = keys, watch
-        return ok, cfg
-
-    _last_good_at = ""
-    _settled: Any = None  # the parsed config whose objects memory.settle() froze
-    _previous_local: list[str] | None = None  # Local-policy services of the config run before this one
-
-    def _apply_config(self, cfg: SpeakerConfig, first: bool) -> None:
-        prev = self.cfg
-        if prev is not None:
-            # settings read once at start keep their running values until the next restart
-            changed = [f for f in RESTART_FIELDS if getattr(prev, f) != getattr(cfg, f)]
-            cfg = replace(cfg, **{f: getattr(prev, f) for f in changed})
-            self._restart_pending = sorted(set(self._restart_pending) | set(changed))
-            if changed:
-                logs.event(log, "configRestartNeeded", "these settings keep their running values until the "
-                           "next restart", logging.WARNING, settings=changed)
-        self.cfg = cfg
-        self._last_good_at = self.holder.last_good_at
-        previous = self._previous_local
-        if prev is not None and local_services(prev.parsed) != local_services(cfg.parsed):
-            previous = self._previous_local = local_services(prev.parsed)
-        self.codec = MetaCodec(local_services(cfg.parsed), label_keys(cfg.parsed), cfg.digest, previous=previous)
-        assert self.health is not None
-        self.health.configure(health_specs(cfg.parsed)[0])
-        if prev is not None:
-            self._use_keys(self.keys)
-        logs.event(log, "configLoaded", path=cfg.path, digest=cfg.digest, pools=len(cfg.parsed.pools),
-                   services=len(cfg.parsed.services), l2Advertisements=len(cfg.parsed.l2_advertisements),
-                   first=first)
-
-    _key_watch: KeyFileWatch | None = None  # memberlist.keyFile as last read (None: no key file)
-
-    def _use_keys(self, keys: list[str] | None) -> None:
-        """Gossip and heartbeats take the key file's keyring together: the first key signs and encrypts,
-        every key verifies and decrypts, a key the file no longer lists is refused from now on."""
-        if keys is None:
-            return  # no key file: switching a running node between keyed and unkeyed needs a restart
-        self.keys = keys
-        if self.heartbeat is not None:
-            self.heartbeat.set_keys(keys)
-        if self.membership is not None and keys != self.membership.keys:
-            try:
-                self.membership.set_keys(keys)
-            except (kinship.KinshipError, ValueError, TimeoutError) as exc:
-                logs.event(log, "memberlistKeysFailed", str(exc), logging.ERROR)
-
-    def _poll_key_file(self) -> None:
-        """A key file changed without a SIGHUP (config.KeyFileWatch: one stat, at most every 0.5 s) is
-        read and used at once; one that cannot be read is refused once, the keys in use kept."""
-        watch = self._key_watch
-        if watch is None or not watch.changed(time.monotonic()):
-            return
-        self._key_watch = KeyFileWatch(watch.path)  # before the read: a change made meanwhile is seen next
-        try:
-            keys = read_key_file(watch.path)
-        except KeyFileError as exc:
-            logs.event(log, "keyFileRefused", f"{exc}; gossip and heartbeats keep the keys in use",
-                       logging.ERROR, path=watch.path)
-            return
-        if keys != self.keys:
-            logs.event(log, "keyFileChanged", "the key file changed: gossip and heartbeats use its keys now",
-                       path=watch.path, keys=len(keys))
-            self._use_keys(keys)
-
-    def _reload_and_wait(self, timeout: float = 10.0) -> dict[str, Any]:
-        """The control socket's reload: run by the decision thread; answers with its outcome (errors,
-        and the settings that keep their running values until a restart)."""
-        with self._reloaded:
-            seen = self._reload_count
-            self.post("reload")
-            if not self._reloaded.wait_for(lambda: self._reload_count != seen, timeout):
-                return {"ok": True, "queued": True}
-            return dict(self._last_reload, queued=True)
-
-    def reload(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"ok": False, "error": "the reload failed; see the log (stepFailed, step reload)"}
-        try:
-            out = self._reload()
-            return out
-        finally:  # an exception goes on to the loop's barrier; the waiting control request gets told
-            with self._reloaded:
-                self._last_reload = out
-                self._reload_count += 1
-                self._reloaded.notify_all()
-
-    def _reload(self) -> dict[str, Any]:
-        ok, cfg = self._load()
-        if ok and cfg is not None and cfg is self.cfg and self.holder.unchanged:
-            logs.event(log, "configUnchanged", "the file is the one in use; nothing to apply", digest=cfg.digest)
-            self._use_keys(self.keys)
-        elif ok and cfg is not None:
-            self._apply_config(cfg, first=False)
-            self.post()
-        else:
-            logs.event(log, "configStale", "the new config is refused; the last good one keeps being served",
-                       logging.ERROR, errors=self.holder.errors, lastGoodAt=self.holder.last_good_at)
-        return {"ok": ok, "config": self.holder.status() | {"restartPending": self._restart_pending},
-                "restartPending": self._restart_pending}
-
     # -- lifecycle -------------------------------------------------------------------------
     def run(self) -> int:
-        ok, cfg = self._load()
+        ok, cfg = self.config.load()
         if not ok or cfg is None:
             logs.setup("info")
             logs.event(log, "configError", "cannot start: the config is invalid", logging.ERROR,
-                       errors=self.holder.errors, path=self.config_path)
+                       errors=self.config.holder.errors, path=self.config_path)
             return 1
         logs.setup(cfg.log_level)
         kinship.log_to_python(logging.WARNING)
@@ -358,111 +174,31 @@ class Speaker:
             self._shutdown()
         return code
 
-    def _build_modes(self, cfg: SpeakerConfig) -> list[Mode]:
-        """The modes this speaker runs (each one's few construction lines, marked ``# mode: NAME``)."""
-        from .l2 import delivery  # noqa: PLC0415 - heavy raw-socket code only when running
-        from .l2.announcer import L2Announcer  # noqa: PLC0415
-        from .l2.mode import L2Mode  # noqa: PLC0415
-
-        modes: list[Mode] = []
-        # mode: l2
-        self._delivery = self._delivery or delivery
-        self._delivery.prepare_host()
-        factory = self._announcer_factory or L2Announcer
-        handover = None
-        if self._announcer_factory is None and cfg.handover_grace > 0:
-            from .l2.handover import HandoverForwarder  # noqa: PLC0415
-
-            handover = HandoverForwarder(logging.getLogger("nocloudlb.l2"), grace=cfg.handover_grace)
-        self.l2 = L2Mode(None, self._delivery, cfg.state_dir, gate=self._gate, member_macs=self.member_macs,
-                         handover=handover, post=self.post, other_lo=self._other_lo,
-                         suspecters=self._suspecters, quorum=self.quorum)
-        self.l2.announcer = factory(cfg.node_name, logging.getLogger("nocloudlb.l2"),
-                                    is_peer_mac=self.l2.is_peer_mac, rate=cfg.announce_rate,
-                                    burst=cfg.announce_burst)
-        if hasattr(self.l2.announcer, "on_contest"):  # another member announcing a VIP we hold: the wire rule
-            self.l2.announcer.on_contest = self.l2.wire.contest
-        modes.append(self.l2)
-        return modes
-
-    # Modes a config may ask for after start (a reload that adds Backends or BGPPeers): each
-    # is (name, does this config need it, how to make it). Started on the first reconcile
-    # that needs it; a start that fails is logged and tried again 30 s later, while the
-    # other modes go on.
-    def _optional_modes(self) -> list[tuple[str, Any, Any]]:
-        def dataplane(cfg: SpeakerConfig) -> Mode:  # mode: dataplane
-            from .dataplane import DataplaneMode  # noqa: PLC0415
-
-            return DataplaneMode()
-
-        def bgp(cfg: SpeakerConfig) -> Mode:  # mode: bgp
-            from .bgp.mode import BgpMode, FrrControl  # noqa: PLC0415
-
-            def host(addr: str) -> str:
-                return addr.rsplit(":", 1)[0].strip("[]")
-
-            # point 8's flow handover goes to the other members (the join list, this node left out)
-            peers = [host(a) for a in cfg.join if host(a) != host(cfg.bind)]
-            return BgpMode(cfg.node_name, FrrControl(workdir=os.path.dirname(cfg.socket)), flow_peers=peers,
-                           flow_rate=cfg.flow_rate, flow_burst=cfg.flow_burst)
-
-        return [
-            ("dataplane", lambda parsed: bool(getattr(parsed, "backends", None)), dataplane),
-            ("bgp", lambda parsed: bool(getattr(parsed, "bgp_peers", None)), bgp),
-        ]
-
-    def _other_lo(self) -> set[str]:
-        """VIPs the modes other than layer 2 serve (BGP): the layer-2 mode holds them on lo too."""
-        held: set[str] = set()
-        for m in self.modes:
-            lo_vips = getattr(m.mode, "lo_vips", None)
-            if m.name != "l2" and lo_vips is not None:
-                held |= set(lo_vips())
-        return held
-
-    def _ensure_modes(self, cfg: SpeakerConfig) -> None:
-        running = {m.name for m in self.modes}
-        for name, needed, make in self._optional_modes():
-            if name in running or not needed(cfg.parsed):
-                continue
-            if time.monotonic() - self._mode_failed_at.get(name, -1e9) < 30:
-                continue
-            try:
-                mode = make(cfg)
-                mode.start()
-            except Exception as exc:  # noqa: BLE001 - one mode that cannot start never stops the others
-                self._mode_failed_at[name] = time.monotonic()
-                logs.event(log, "modeFailed", f"cannot start the {name} mode: {exc}", logging.ERROR, mode=name)
-                continue
-            # before layer 2, which applies last: it holds on lo what the others serve (lo_vips)
-            self.modes.insert(0, ModeRunner(mode, self.steps))
-            logs.event(log, "modeStarted", mode=name)
-
     def _start(self, cfg: SpeakerConfig) -> None:
-        self.labels = LabelStore(cfg.state_dir)
-        self.health = HealthChecker(self.post)
-        self._apply_config(cfg, first=True)
-        for mode in self._build_modes(cfg):
-            runner = ModeRunner(mode, self.steps)
-            self.modes.append(runner)
+        self.rt.labels = LabelStore(cfg.state_dir)
+        self.rt.health = HealthChecker(self.post)
+        self.config.apply(cfg, first=True)
+        for mode in self.modeset.build(cfg):
+            runner = ModeRunner(mode, self.rt.steps)
+            self.rt.modes.append(runner)
             mode.start()
 
         from .control import ControlServer
         from .metrics import serve
 
-        self.control = ControlServer(cfg.socket, self.handle)
+        self.control = ControlServer(cfg.socket, self.handlers.handle)
         self.control.start()
-        self._metrics = serve(cfg.metrics_bind, self.metrics_snapshot)
+        self._metrics = serve(cfg.metrics_bind, self.report.metrics_snapshot)
 
-        settings = MembershipSettings(cfg.node_name, cfg.bind, cfg.join, self.keys, cfg.profile, cfg.overrides)
-        self._quorum = QuorumWiring(cfg, lambda: self.membership, self.post)
-        self.membership = Membership(settings, self.post, logging.getLogger("nocloudlb.membership"),
-                                     on_heal=lambda reason, node: self.post(f"heal\t{reason}\t{node}"),
-                                     on_message=self._on_message)
+        settings = MembershipSettings(cfg.node_name, cfg.bind, cfg.join, self.config.keys, cfg.profile, cfg.overrides)
+        self.rt.quorum = QuorumWiring(cfg, lambda: self.rt.membership, self.post)
+        self.rt.membership = Membership(settings, self.post, logging.getLogger("nocloudlb.membership"),
+                                        on_heal=lambda reason, node: self.post(f"heal\t{reason}\t{node}"),
+                                        on_message=self.peerview.on_message)
         self._install_signals()
-        meta = self._meta()
-        self.membership.start(meta)
-        self._last_meta = meta
+        meta = self.views.meta()
+        self.rt.membership.start(meta)
+        self.views.last_meta = meta
         self._start_heartbeat(settings, meta)
 
     def _start_heartbeat(self, settings: MembershipSettings, meta: dict[str, str]) -> None:
@@ -472,7 +208,7 @@ class Speaker:
         if not offset:
             return
         host, _sep, port = settings.bind.rpartition(":")
-        hb = Heartbeat(settings.name, host.strip("[]"), int(port) + offset, self.keys, interval, miss,
+        hb = Heartbeat(settings.name, host.strip("[]"), int(port) + offset, self.config.keys, interval, miss,
                        on_change=self.post, logger=logging.getLogger("nocloudlb.heartbeat"))
         try:
             hb.start()
@@ -480,19 +216,10 @@ class Speaker:
             logs.event(log, "heartbeatFailed", f"cannot bind the heartbeat port {int(port) + offset}: {exc}; "
                        "failure detection falls back to gossip (slower)", logging.ERROR)
             return
-        self.heartbeat = hb
+        self.rt.heartbeat = hb
         hb.set_meta(meta)
-        if self._quorum is not None:
-            self._quorum.attach(hb, self.l2)
-
-    def quorum(self) -> bool:
-        """This node is connected to a majority of the cluster's votes (quorumwire.py): it may take VIPs."""
-        return self._quorum.has() if self._quorum is not None else False
-
-    def _suspecters(self) -> frozenset[str]:
-        """Members that suspect this node now (heartbeat.py's rule 2 and 3): it yields them the VIPs
-        they take."""
-        return self.heartbeat.view().suspecters if self.heartbeat is not None else frozenset()
+        if self.rt.quorum is not None:
+            self.rt.quorum.attach(hb, self.rt.l2)
 
     def _install_signals(self) -> None:
         signal.signal(signal.SIGTERM, lambda *_: self.post("stop"))
@@ -505,9 +232,9 @@ class Speaker:
         next_wd = time.monotonic()
         while True:
             timeout = 1.0 if wd is None else max(0.05, min(1.0, next_wd - time.monotonic()))
-            if any(m.hook("busy") for m in self.modes):
+            if any(m.hook("busy") for m in self.rt.modes):
                 timeout = min(timeout, 0.1)  # log serviceAnnounced as soon as the check ends
-            settle_left = self._settle_until - time.monotonic()
+            settle_left = self.gate.settle_until - time.monotonic()
             if settle_left > 0:  # decide again as soon as the start-up settle ends
                 timeout = min(timeout, settle_left + 0.01)
             try:
@@ -524,71 +251,15 @@ class Speaker:
             try:
                 self._iteration(items)
             except Exception as exc:  # noqa: BLE001 - the barrier: one exception never stops the loop
-                self._iteration_failed(exc)
+                self.fail.iteration_failed(exc)
                 time.sleep(0.05)
             else:
-                self._iteration_ok()
-            if self._closed:
+                self.fail.iteration_ok()
+            if self.rt.closed:
                 return EXIT_MEMBERSHIP_CLOSED
             if wd is not None and time.monotonic() >= next_wd:
                 sdnotify.notify("WATCHDOG=1")
                 next_wd = time.monotonic() + wd
-
-    def _iteration_failed(self, exc: Exception) -> None:
-        """The loop's barrier (the module docstring): keep what the node holds; once the errors have lasted
-        FAIL_BOUND, publish this node excluded, then withdraw (at once when the publication fails)."""
-        if isinstance(exc, StepFailed):
-            error = f"{exc.step}: {exc.error}"  # counted and logged by its own barrier
-        else:
-            error = self.steps.failed("loop", exc, "loopError", "the decision loop failed: this node keeps what "
-                                      "it holds and retries")
-        self._loop_clock.failed(error)
-        if not self._loop_clock.tripped:
-            return
-        self._note_fail_closed()
-        self.steps.run("publish", self._publish)
-        mine = self.published()
-        if not (mine is not None and DRAIN_LABEL in mine.labels) and not self._withdrawn_unpublished:
-            logs.event(log, "failClosedUnpublished", "cannot publish this node excluded: withdrawing at once",
-                       logging.ERROR, error=self._meta_error)
-        self._withdrawn_unpublished = not (mine is not None and DRAIN_LABEL in mine.labels)
-        for m in self.modes:  # after the drain went out: peers take over by a planned move
-            m.withdraw_all()
-
-    _withdrawn_unpublished = False
-
-    def _iteration_ok(self) -> None:
-        if self._loop_clock.since is not None or self._loop_clock.tripped:
-            self.steps.ok("loop")
-            if self._loop_clock.succeeded():
-                self._note_fail_closed()
-
-    def _fail_reason(self) -> str:
-        """Why this node publishes itself excluded for failing ("" when it does not)."""
-        if self._loop_clock.tripped:
-            return f"the decision loop has failed for over {FAIL_BOUND:g}s: {self._loop_clock.reason}"
-        for m in list(self.modes):
-            if m.clock.tripped:
-                return f"the {m.name} mode has failed for over {FAIL_BOUND:g}s: {m.clock.reason}"
-        return ""
-
-    def _note_fail_closed(self) -> None:
-        """Log a change of the fail-closed exclusion and reconcile at once, so that it is published now
-        (a change of what fails, not of its error text: that would reconcile in a tight loop)."""
-        what = "loop" if self._loop_clock.tripped else next((m.name for m in self.modes if m.clock.tripped), "")
-        if what == self._fail_noted:
-            return
-        if what:
-            logs.event(log, "failClosed", "publishing this node excluded (the drain label) so that peers take its "
-                       "VIPs by a planned move", logging.ERROR, reason=self._fail_reason(), step=what)
-        else:
-            logs.event(log, "failClosedEnded", "working again: this node is no longer excluded",
-                       step=self._fail_noted)
-            self._withdrawn_unpublished = False
-        self._fail_noted, self._fail_since = what, now_iso() if what else ""
-        self.post()
-
-    _lease: Any = None  # l2/lease.py Renewal, made at the first wait
 
     def _next_event(self, timeout: float) -> str:
         """The loop's wait for the next event (queue.Empty after ``timeout``), renewing the layer-2 answering
@@ -601,7 +272,7 @@ class Speaker:
         for it."""
         end = time.monotonic() + timeout
         while True:
-            sleep = self._l2_lease()  # also just before each pass: what it announces is answered at once
+            sleep = self.lease.step()  # also just before each pass: what it announces is answered at once
             left = end - time.monotonic()
             if sleep <= 0.0 or left <= 0.0:
                 raise queue.Empty  # a pass now: the loop's own timeout, or the reconcile that ends a stall
@@ -609,40 +280,16 @@ class Speaker:
                 item = self.events.get(timeout=min(left, sleep))
             except queue.Empty:
                 continue
-            self._l2_lease()
+            self.lease.step()
             return item
-
-    def _l2_lease(self) -> float:
-        """One step of the lease renewal; the longest the wait may last before the next one."""
-        renew = getattr(self.announcer, "renew_lease", None)
-        if renew is None or self.membership is None:
-            return 1.0
-        try:
-            if self._lease is None:
-                from .l2.lease import Renewal, lease_seconds  # noqa: PLC0415
-
-                interval, miss, _offset = self.membership.settings.heartbeat()
-                self._lease = Renewal(lease_seconds(interval, miss), settle=2 * interval)
-            sleep, event = self._lease.step(time.monotonic_ns(), renew)
-        except Exception as exc:  # noqa: BLE001 - outside the loop's barrier: the lease lapses, the loop goes on
-            logs.event(log, "l2LeaseFailed", f"{type(exc).__name__}: {exc}"[:500], logging.ERROR)
-            return 0.1
-        if event is not None:
-            name = event.pop("event")
-            stalled = name == "l2LeaseStalled"
-            logs.event(log, name, "this process stood still longer than the layer-2 lease: not answering until "
-                       "a reconcile from what the heartbeats heard meanwhile" if stalled else
-                       "answering again after a reconcile that followed the stall",
-                       logging.WARNING if stalled else logging.INFO, **event)
-        return sleep
 
     def _iteration(self, items: list[str]) -> None:
         if "reload" in items:
             logs.event(log, "configReload", "reloading on SIGHUP", path=self.config_path)
-            self.steps.run("reload", self.reload)
-        self.steps.run("keyFile", self._poll_key_file)
-        self.reconcile()
-        if self._closed:
+            self.rt.steps.run("reload", self.config.reload)
+        self.rt.steps.run("keyFile", self.config.poll_key_file)
+        self.reconciler.reconcile()
+        if self.rt.closed:
             return
         heals = []
         for item in items:
@@ -650,388 +297,54 @@ class Speaker:
                 _h, reason, node = (item.split("\t") + ["", ""])[:3]
                 heals.append((reason, node))
         if heals:
-            self.reannounce(heals)
-        assert self.membership is not None
-        if not self.ready and self.membership.first_join_done.is_set():
-            self.ready = True
+            self.reconciler.reannounce(heals)
+        assert self.rt.membership is not None
+        if not self.rt.ready and self.rt.membership.first_join_done.is_set():
+            self.rt.ready = True
             sdnotify.notify("READY=1\nSTATUS=serving")
-            logs.event(log, "speakerReady", members=len(self.membership.members()))
-
-    def reannounce(self, heals: list[tuple[str, str]] | list[str]) -> list[str]:
-        """Let each mode re-announce what may have moved behind this node's back after a heal."""
-        pairs = [tuple((h.split("\t") + ["", ""])[1:3]) if isinstance(h, str) else h for h in heals]
-        out: list[str] = []
-        for m in self.modes:
-            out.extend(m.hook("on_heal", pairs) or [])
-        return out
+            logs.event(log, "speakerReady", members=len(self.rt.membership.members()))
 
     def _shutdown(self) -> None:
-        self._stopping = True
+        self.rt.stopping = True
         logs.event(log, "speakerStopping", "withdrawing, then leaving the cluster so peers take over at once")
         sdnotify.notify("STOPPING=1")
         # stop answering first: the successor announces when it sees us leave, and by then nobody
         # here answers any more (a stop costs a few ms of no answer, never two answers)
-        for m in self.modes:
+        for m in self.rt.modes:
             m.withdraw_all()
-        if self.membership is not None:
-            self.membership.leave(timeout=1.0)
-        if self.heartbeat is not None:
-            self.heartbeat.close()
-        if self._quorum is not None:
-            self._quorum.close()
-        for m in self.modes:
+        if self.rt.membership is not None:
+            self.rt.membership.leave(timeout=1.0)
+        if self.rt.heartbeat is not None:
+            self.rt.heartbeat.close()
+        if self.rt.quorum is not None:
+            self.rt.quorum.close()
+        for m in self.rt.modes:
             m.close()
         if self.control is not None:
             self.control.stop()
-        if self.health is not None:
-            self.health.stop()
+        if self.rt.health is not None:
+            self.rt.health.stop()
         if self._metrics is not None:
             self._metrics.shutdown()
         logs.event(log, "speakerStopped")
         logs.flush()  # every queued line written before the process goes (the log writer is a thread)
 
-    _metrics: Any = None
+    # -- below: the names callers and tests use, kept by the parts ------------------------------
+    @property
+    def announcer(self) -> Any:
+        return self.rt.l2.announcer if self.rt.l2 is not None else None
 
-    # -- the decision ----------------------------------------------------------------------
-    def my_labels(self) -> dict[str, str]:
-        assert self.cfg is not None and self.labels is not None
-        return self.labels.apply(self.cfg.node_labels)
-
-    def _meta(self) -> dict[str, str]:
-        assert self.codec is not None and self.health is not None
-        macs: list[bytes] = []
-        labels = self.my_labels()
-        for m in self.modes:
-            meta = m.hook("meta") or {}
-            macs.extend(meta.get("macs", []))
-            if meta.get("exclude"):  # a mode cannot serve safely (l2: ARP sysctls): peers elect others
-                labels = {**labels, DRAIN_LABEL: ""}
-        if self._fail_reason():  # a failure persists (loop or mode): peers take over by a planned move
-            labels = {**labels, DRAIN_LABEL: ""}
-        # unknown health is not health: only the Local-policy services move away
-        _ok, healthy = self.steps.run("health", self.health.healthy, default=frozenset())
-        return self.codec.encode(labels, healthy, macs)
-
-    _settle_until = 0.0  # monotonic time before which a node that found no peer at start announces nothing
-
-    def _gate(self) -> str:
-        """Why this node may not announce anything now ("" when it may)."""
-        ml = self.membership
-        if ml is None or not ml.first_join_done.is_set():
-            return "notReady"  # never take addresses before the first join: peers may hold them
-        if ml.join_state == "joinFailed" and ml.join_refused:
-            return "joinRefused"  # peers are up but refuse our gossip (wrong key): do not fight them
-        if self._settle_until == 0.0:  # the first join just ended: settle if it found nobody
-            settle = self.cfg.start_settle if self.cfg is not None else 0.0
-            alone = ml.join_state == "joinFailed" and settle > 0
-            self._settle_until = time.monotonic() + settle if alone else -1.0
-            if alone:
-                logs.event(log, "speakerSettling", "no join seed answered: waiting for peers starting now "
-                           "before taking any VIP", seconds=settle)
-        if ml.join_state == "joinFailed" and time.monotonic() < self._settle_until:
-            return "settling"  # peers starting at the same moment join meanwhile: no VIP taken, then handed back
-        return ""
-
-    def member_macs(self) -> dict[str, tuple[bytes, ...]]:
-        """Member -> the MACs it published (the members' VIP-interface MACs), this node excluded."""
-        return {name: info.macs for name, info in dict(self._peers).items() if info.macs}
-
-    def published(self) -> PeerInfo | None:
-        """This node as its peers see it: the metadata kinship accepted last, decoded."""
-        if self.codec is None or not self._last_meta:
-            return None
-        return self.codec.decode(self._last_meta)
-
-    def node_views(self) -> list[NodeView]:
-        """The published view: every member from its metadata, this node from what it published."""
-        assert self.cfg is not None and self.codec is not None
-        me = self.cfg.node_name
-        mine = self.published()
-        views = [NodeView(me, dict(mine.labels) if mine else {}, "alive", mine.healthy if mine else frozenset())]
-        peers: dict[str, PeerInfo] = {}
-        members = self.membership.members() if self.membership else []
-        hb = self.heartbeat.view() if self.heartbeat is not None else None
-        if self.heartbeat is not None:
-            self.steps.run("heartbeatPeers", self._heartbeat_peers, members)
-        for m in members:
-            if m.name == me:
-                continue
-            # a meta pushed by heartbeat (a drain) is what the member published, sooner than gossip
-            info = self.codec.decode(hb.metas.get(m.name) or m.meta if hb else m.meta)
-            peers[m.name] = info
-            state = m.state
-            if hb is not None and (m.name in hb.suspected or m.name in hb.no_quorum) and state in ("alive", "suspect"):
-                # heartbeats stopped, or it says it has no quorum: not eligible (l2/mode.py forwards toward it)
-                state = "unreachable"
-            views.append(NodeView(m.name, info.labels, state, info.healthy))
-        for name, info in peers.items():
-            digest = info.config_hash
-            if digest and digest != self.cfg.digest and self._peer_configs.get(name) != digest:
-                logs.event(log, "configMismatch", "a peer runs another config version", logging.WARNING,
-                           node=name, theirs=digest, ours=self.cfg.digest)
-        self._peer_configs = {n: i.config_hash for n, i in peers.items()}
-        self._peers = peers
-        return views
-
-    def _heartbeat_peers(self, members: list) -> None:
-        assert self.heartbeat is not None and self.cfg is not None
-        offset = self.heartbeat.port - split_addr(self.cfg.bind)[1]
-        peers = {}
-        for m in members:
-            if m.name == self.cfg.node_name or m.state not in ("alive", "suspect"):
-                continue
-            try:
-                host, port = split_addr(m.addr)
-            except ValueError:
-                continue  # no port to offset: no heartbeat for it
-            peers[m.name] = ((host, port + offset), m.state)
-        self.heartbeat.set_peers(peers)
-        if self._quorum is not None:
-            self.heartbeat.set_quorum_basis(*self._quorum.basis(members))
-
-    def _publish(self) -> None:
-        assert self.membership is not None
-        meta = self._meta()
-        if meta == self._last_meta:
-            return
-        try:
-            self.membership.set_meta(meta)
-            self._last_meta = meta
-            self._meta_error = ""
-            if self.heartbeat is not None:
-                self.heartbeat.set_meta(meta)  # published: peers get it at once (a drain), not a gossip round later
-        except kinship.MetaTooLarge:
-            self._meta_error = "metadata larger than 512 bytes"
-            logs.event(log, "metadataTooLarge", "labels used by node selectors do not fit in 512 bytes; "
-                       "deciding from the last published state", logging.ERROR,
-                       labels=sorted(self.codec.label_keys if self.codec else []))
-        except (kinship.KinshipError, TimeoutError) as exc:
-            self._meta_error = str(exc)[:300]
-            logs.event(log, "metadataFailed", f"{exc}; deciding from the last published state", logging.WARNING)
-
-    def reconcile(self) -> None:
-        cfg = self.cfg
-        if cfg is None or self.membership is None or self._stopping:
-            return
-        if self.membership.closed:
-            if not self._closed:
-                self._closed = True
-                logs.event(log, "memberlistClosed", "the gossip layer stopped: the cluster view is unknown; "
-                           "withdrawing everything and exiting so the service manager restarts the speaker",
-                           logging.ERROR)
-            for m in self.modes:
-                m.withdraw_all()
-            return
-        self.steps.run("publish", self._publish)  # failing: decide from the last published state
-        ok, nodes = self.steps.run("view", self.node_views)
-        if not ok:  # no view to hand the modes: the loop's barrier decides (keep, then fail closed)
-            raise StepFailed("view", self.steps.failing.get("view", ""))
-        self.steps.run("modes", self._ensure_modes, cfg)
-        for m in self.modes:
-            m.apply(cfg.node_name, nodes, cfg.parsed)  # behind ModeRunner's barrier
-        self._note_fail_closed()
-        if self._settled is not cfg.parsed:  # issue 10: no full collection over the config in a reconcile
-            self._settled = cfg.parsed
-            self.steps.run("settle", memory.settle)
-
-    # -- control ---------------------------------------------------------------------------
-    def handle(self, req: dict) -> dict:
-        cmd = req.get("cmd")
-        if cmd == "status":
-            try:
-                return self.status(req)
-            except ValueError as exc:  # a bad VIP filter (statusview.select_vips)
-                return {"ok": False, "error": str(exc)}
-            except Exception as exc:  # noqa: BLE001 - counted; the decision thread is not concerned
-                return {"ok": False, "error": f"status failed: {self.steps.failed('status', exc)}"}
-        if cmd == "label":
-            return self._label(req)
-        if cmd == "reload":
-            return self._reload_and_wait()
-        if cmd == "keys":
-            return {"ok": True, "keyIds": self.membership.key_ids() if self.membership else []}
-        if cmd == "peerView":
-            ips = req.get("ips") or []
-            if not isinstance(ips, list):
-                return {"ok": False, "error": "peerView: 'ips' is a list of addresses"}
-            return self.peer_view(ips)
-        return {"ok": False, "error": f"unknown cmd {cmd!r} (known: status, label, reload, keys, peerView)"}
-
-    # -- another member's view (node_drain confirms a drain from it) ----------------------------
-    def _on_message(self, sender: str, data: bytes) -> None:
-        """A user message from a member: a view query (answered) or the answer to ours."""
-        if len(data) > 65536:
-            return
-        try:
-            msg = json.loads(data)
-        except ValueError:
-            return
-        if not isinstance(msg, dict):
-            return
-        if msg.get("q") == "view" and isinstance(msg.get("id"), str) and self.membership is not None:
-            ips = [str(ip) for ip in (msg.get("ips") or [])[:256]] if isinstance(msg.get("ips"), list) else []
-            info = self._peers.get(sender)
-            state = next((m.state for m in self.membership.members() if m.name == sender), "unknown")
-            leaders = {v["ip"]: v.get("leader") for m in self.modes for v in mode_rows(m.status())
-                       if v.get("ip") in ips}
-            reply = {"r": msg["id"][:64], "node": self.cfg.node_name if self.cfg else "", "about": sender,
-                     "state": state, "labels": dict(info.labels) if info else {}, "leaders": leaders}
-            try:
-                self.membership.send(sender, json.dumps(reply).encode(), timeout=1.0)
-            except (kinship.KinshipError, TimeoutError, RuntimeError) as exc:
-                logs.event(log, "peerViewFailed", f"cannot answer {sender}: {exc}", logging.DEBUG)
-        elif isinstance(msg.get("r"), str):
-            with self._lock:
-                waiter = self._view_waiters.get(msg["r"])
-            if waiter is not None:
-                waiter[1].update(msg, sender=sender)
-                waiter[0].set()
-
-    def peer_view(self, ips: list[str], timeout: float = 2.0) -> dict:
-        """Ask the other live members how they see this node and who leads ``ips``; the first answer."""
-        me = self.cfg.node_name if self.cfg else ""
-        peers = [m.name for m in (self.membership.members() if self.membership else [])
-                 if m.name != me and m.state == "alive"]
-        if not peers:
-            return {"ok": False, "error": "no other live member to ask"}
-        qid = os.urandom(8).hex()
-        ev, answer = threading.Event(), dict[str, Any]()
-        with self._lock:
-            self._view_waiters[qid] = (ev, answer)
-        try:
-            data = json.dumps({"q": "view", "id": qid, "ips": [str(i) for i in ips][:256]}).encode()
-            for name in peers[:3]:
-                try:
-                    assert self.membership is not None
-                    self.membership.send(name, data, timeout=1.0)
-                except (kinship.KinshipError, TimeoutError, RuntimeError):
-                    continue
-            if not ev.wait(timeout):
-                return {"ok": False, "error": f"no member answered within {timeout:g}s (asked {peers[:3]})"}
-        finally:
-            with self._lock:
-                self._view_waiters.pop(qid, None)
-        return {"ok": True, "peer": answer.get("sender") or answer.get("node"), "state": answer.get("state"),
-                "labels": answer.get("labels") or {}, "leaders": answer.get("leaders") or {}}
-
-    def _label(self, req: dict) -> dict:
-        set_ = req.get("set") or {}
-        unset = req.get("unset") or []
-        if not isinstance(set_, dict) or not isinstance(unset, list):
-            return {"ok": False, "error": "label: 'set' is an object of key: value, 'unset' a list of keys"}
-        # the rules of node.labels in the config: what is set here is gossiped and logged too
-        for problem in [runtime_label_problem(k, v) for k, v in set_.items()] + [
-                runtime_label_problem(k) for k in unset]:
-            if problem:
-                return {"ok": False, "error": problem}
-        assert self.labels is not None
-        with self._lock:
-            try:
-                self.labels.update(set_, unset)
-            except OSError as exc:
-                return {"ok": False, "error": f"label: cannot persist to {self.labels.path}: {exc}"}
-        logs.event(log, "labelsChanged", set=set_, unset=unset, labels=self.my_labels())
-        self.post()
-        return {"ok": True, "labels": self.my_labels()}
-
-    def rows(self) -> tuple[list[VipRow], L2View]:
-        """The layer-2 mode's VIP rows with the L2 layer's live state overlaid, and that state."""
-        if self.l2 is None:
-            return [], L2View({}, {}, known=False)
-        return self.l2.rows()
-
-    def status(self, req: dict | None = None) -> dict[str, Any]:
-        """The status document; ``req`` selects the VIP rows (statusview.select_vips: all of them up to
-        STATUS_ROWS, else a summary unless asked; filters by ip, service, owner, ...)."""
-        from .statusview import select_vips, vip_summary  # noqa: PLC0415
-
-        cfg = self.cfg
-        me = cfg.node_name if cfg else ""
-        members = []
-        if self.membership is not None and self.codec is not None:
-            mine = self.published()
-            for m in self.membership.members():
-                if m.name == me:
-                    labels = self.my_labels()
-                    published = dict(mine.labels) if mine else {}
-                    members.append({"name": m.name, "addr": m.addr, "state": m.state, "labels": labels,
-                                    "publishedLabels": published, "configDigest": self._last_meta.get("c", "")})
-                    continue
-                info = self._peers.get(m.name) or self.codec.decode(m.meta)
-                members.append({"name": m.name, "addr": m.addr, "state": m.state, "labels": info.labels,
-                                "publishedLabels": info.labels, "configDigest": m.meta.get("c", ""),
-                                "macs": [":".join(f"{b:02x}" for b in mac) for mac in sorted(info.macs)]})
-        modes = {m.name: m.status() for m in self.modes}
-        all_vips = [v for st in modes.values() for v in mode_rows(st)]
-        for st in modes.values():  # the rows are shown once, at the top (selected), not again per mode
-            if isinstance(st.get("vips"), list):
-                st["vips"] = len(st["vips"])
-        vips, shown = select_vips(all_vips, req or {})
-        conflicts = [c for st in modes.values() for c in st.get("conflicts", [])]
-        mine = self.published()
-        ml = self.membership
-        return {
-            "node": me,
-            "ready": self.ready,
-            "profile": cfg.profile if cfg else "",
-            "members": members,
-            "vips": vips,
-            "vipsShown": shown,
-            "vipSummary": vip_summary(all_vips),
-            "modes": modes,
-            "config": self.holder.status() | {"restartPending": self._restart_pending},
-            "conflicts": sorted(conflicts, key=lambda c: c["ip"]),
-            "labels": self.my_labels() if cfg and self.labels else {},
-            "published": {"labels": dict(mine.labels) if mine else {},
-                          "healthy": sorted(mine.healthy) if mine else [], "error": self._meta_error},
-            "memberlist": {"state": "closed" if self._closed else (ml.join_state if ml else "starting"),
-                           "error": ml.join_error if ml else "",
-                           "keyIds": ml.key_ids() if ml else [],
-                           "encrypted": bool(ml and ml.settings.keys)},
-            "health": self.health.status() if self.health else {},
-            "heartbeat": self.heartbeat.status() if self.heartbeat else {},
-            "quorum": self.quorum() if self.cfg is not None else False,
-            "witness": self._quorum.status() if self._quorum is not None else None,
-            "arpSysctls": getattr(self._delivery, "sysctl_status", dict)(),  # edges (issue 8 defect 8)
-            "failClosed": {"reason": self._fail_reason(), "since": self._fail_since} if self._fail_noted else {},
-            "steps": self.steps.status(),
-            "stateFiles": [self.labels.corrupt] if self.labels is not None and self.labels.corrupt else [],
-            "time": now_iso(),
-            "metricsBind": cfg.metrics_bind if cfg else "",  # firsthour: `nocloudlb status --cluster` asks members here
-        }
-
-    def metrics_snapshot(self) -> dict[str, Any]:
-        modes = {m.name: m.status() for m in self.modes}
-        counts: dict[str, int] = {}
-        stats: dict[str, int] = {}
-        if self.membership is not None:
-            for m in self.membership.members():
-                counts[m.state] = counts.get(m.state, 0) + 1
-            try:
-                stats = self.membership.stats()
-            except kinship.KinshipError:
-                stats = {}
-        return {
-            "announced": [{"ip": v["ip"], "node": self.cfg.node_name if self.cfg else "", "service": v["service"]}
-                          for st in modes.values() for v in mode_rows(st) if v.get("announcing")],
-            "config_ok": self.holder.state == "ok",
-            "config_stale": self.holder.state != "ok" and self.cfg is not None,
-            "members": counts,
-            "kinship": stats,
-            "conflicts": sum(len(st.get("conflicts", [])) for st in modes.values()),
-            "quorum": self.quorum() if self.cfg is not None else False,
-            "step_errors": self.steps.snapshot(),
-            "fail_closed": bool(self._fail_noted),
-        }
-
-
-def validate(path: str) -> tuple[bool, list[str]]:
-    """``nocloudlb validate``: the same checks as a (re)load."""
-    from .config import load
-
-    try:
-        cfg = load(path)
-    except ConfigError as exc:
-        return False, list(exc.errors)
-    _keys, errors = check_extra(cfg)
-    return not errors, errors
+    quorum = _calls("rt", "has_quorum")  # connected to a majority of the cluster's votes: it may take VIPs
+    _load = _calls("config", "load")
+    reload = _calls("config", "reload")
+    my_labels = _calls("views", "my_labels")
+    member_macs = _calls("views", "member_macs")
+    published = _calls("views", "published")
+    node_views = _calls("views", "node_views")
+    reconcile = _calls("reconciler", "reconcile")
+    reannounce = _calls("reconciler", "reannounce")
+    handle = _calls("handlers", "handle")
+    peer_view = _calls("peerview", "ask")
+    rows = _calls("report", "rows")
+    status = _calls("report", "status")
+    metrics_snapshot = _calls("report", "metrics_snapshot")
