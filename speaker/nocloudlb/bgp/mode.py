@@ -217,7 +217,7 @@ class BgpMode:
 
     def lo_vips(self) -> set[str]:
         """VIPs this node may serve through BGP, from the last apply: the Mode hook for lo (the
-        layer-2 mode holds them there, see daemon._other_lo)."""
+        layer-2 mode holds them there, see modeset.ModeSet.other_lo)."""
         with self._cond:
             return set(self._decision.serve)
 

@@ -25,7 +25,7 @@ the flows conntrack still tracks when traffic arrives here. ``close`` deletes bo
 A restart keeps forwarding (issue 21, point 5). ``start`` only checks that nft works (``nft -c``):
 the tables a crashed or killed run left stay in place, and the first programming replaces them in
 one transaction; that first programming waits until every backend's check has its first result
-(at most ``FIRST_CHECKS_WAIT`` s), since before it every checked server counts as down and the
+(at most ``FIRST_CHECKS_WAIT`` s after the checks began), since before it every checked server counts as down and the
 tables would be written without them. In BGP mode the router goes on sending the VIPs to a node
 whose speaker restarts (FRR keeps announcing): before, ``start`` deleted the tables and the first
 programming wrote them empty, and for 0.1-0.2 s the node's own TCP refused the DR VIP's new
@@ -151,7 +151,7 @@ class DataplaneMode:
         self.forwarding = Forwarding(self.log, sysctl_root)
         self.health: HealthChecker | None = None
         self.available = False
-        self._started = 0.0
+        self._checks_since = 0.0  # when the health checks were first configured (0: not yet)
         self.waiting_first_checks = False  # the first programming waits for the backends' first results
 
     # -- Mode interface ------------------------------------------------------------------
@@ -162,7 +162,7 @@ class DataplaneMode:
         # nft works (raises: start fails closed); what a crashed run left stays until the first programming
         # replaces it in one transaction (program.full): a restart never leaves the VIPs unforwarded meanwhile
         self.tool.check(nft.base_script())
-        self._started = time.monotonic()
+        self._checks_since = 0.0
         self.available = True
         self.health = HealthChecker(self._wake.set, logging.getLogger("nocloudlb.dataplane.health"))
         if self._registry is not None:
@@ -267,9 +267,12 @@ class DataplaneMode:
             return False
         me, nodes, parsed = want
         checks = backend_checks(parsed)
-        if checks != self._checks:
+        if checks != self._checks or not self._checks_since:
             self.health.configure(checks)
             self._checks = checks
+            # the first results are waited for from the moment the checks exist, not from start(): the
+            # first apply can come seconds after it (membership, a slow start under load)
+            self._checks_since = self._checks_since or time.monotonic()
         if self.program.rendered is None and not self._first_results(checks):
             self.waiting_first_checks = True  # the tables keep what they hold (a crashed run's rules)
             return False
@@ -297,8 +300,8 @@ class DataplaneMode:
         return ran
 
     def _first_results(self, checks: dict[str, CheckSpec | None]) -> bool:
-        """True once every checked backend has its first result, or FIRST_CHECKS_WAIT s after start."""
-        if self.health is None or time.monotonic() - self._started >= FIRST_CHECKS_WAIT:
+        """True once every checked backend has its first result, or FIRST_CHECKS_WAIT s after the checks began."""
+        if self.health is None or time.monotonic() - self._checks_since >= FIRST_CHECKS_WAIT:
             return True
         states = self.health.status()
         return all(key in states and (states[key]["passes"] or states[key]["failures"])
