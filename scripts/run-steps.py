@@ -37,7 +37,7 @@ NOTES = [
     (re.compile(r"^All checks passed!"), lambda m: "ruff clean"),
 ]
 # lines that say why something failed; each starts an excerpt of itself and the lines after it
-WHY = re.compile(r"^(fatal: |failed: |FAILED |ERROR |E   |Traceback |AssertionError|assert )|FAILED! =>")
+WHY = re.compile(r"^(fatal: |failed: |FAILED |ERROR[: ]|E   |Traceback |AssertionError|assert )|FAILED! =>")
 WHY_AFTER = 24     # lines kept after the line that started an excerpt
 WHY_BLOCKS = 2     # excerpts kept from the start and from the end each (the first error is often the cause)
 WHY_WIDTH = 400    # characters kept of one line

@@ -134,7 +134,7 @@ class Speaker:
         self.events: queue.SimpleQueue[str] = queue.SimpleQueue()
         self.rt = Runtime(self.post, delivery=delivery)  # the live parts, made at start (runtime.py)
         self.config = ConfigState(config_path, self.rt)  # the config in use, its keys and codec; reloads
-        self.views = Views(self.rt, self.config, lambda: self.fail.reason())  # what this node publishes, sees
+        self.views = Views(self.rt, self.config, self._fail_reason)  # what this node publishes, sees
         self.fail = FailClosed(self.rt, self.views)  # the loop's failure accounting: fail closed by a planned move
         self.gate = StartGate(self.rt, self.config)  # may this node announce yet (the first join, the settle)
         self.report = StatusReport(self.rt, self.config, self.views, self.fail)  # status and metrics
@@ -147,6 +147,11 @@ class Speaker:
         self._metrics: Any = None
 
     # -- posting from other threads / signal handlers ---------------------------------------
+
+    def _fail_reason(self) -> str:
+        """Why the loop fails closed now (``FailClosed``, made after ``Views``, which asks for it)."""
+        return self.fail.reason()
+
     def post(self, what: str = "change") -> None:
         self.events.put(what)  # SimpleQueue.put is reentrant: safe from signal handlers
 
