@@ -1,4 +1,4 @@
-#!/bin/bash
+#!/usr/bin/env bash
 # The routers' own config checkers for the router role's tests (tests/unit/roles/test_router_render.py):
 # `bird -p` (bird2 2.0.12), `gobgpd --dry-run` (gobgpd 3.10) and `vtysh --dryrun` (frr 8.4), from
 # Debian's packages. The packages are downloaded and unpacked with `dpkg -x`, never installed: their
