@@ -13,7 +13,7 @@ APT_PACKAGES := debootstrap iproute2 iputils-ping arping tcpdump nftables curl n
 # by the monitoring tests when present; not installed here, as it starts a server.
 APT_PACKAGES += graphviz
 
-.PHONY: help deps venv lint unit fuzz fuzz-long sanity netns labtests molecule install-test docs-check test lab lab-down bench bench-long bench-failover bench-side-by-side build clean chaos chaos-short chaos-partitions soak-bgp
+.PHONY: help deps venv router-tools lint unit fuzz fuzz-long sanity netns labtests molecule install-test docs-check test lab lab-down bench bench-long bench-failover bench-side-by-side build clean chaos chaos-short chaos-partitions soak-bgp
 
 help:
 	@echo "make test   - install what is needed, then run lint, unit, sanity, namespace and molecule tests"
@@ -43,7 +43,12 @@ lint: venv
 	$(BIN)/antsibull-changelog lint
 	scripts/collection-tree.sh ansible-lint
 
-unit: venv
+# The routers' own config checkers for the router role's tests (bird -p, gobgpd --dry-run, vtysh --dryrun):
+# Debian's bird2, gobgpd and frr unpacked into .cache/routers, never installed (scripts/fetch-router-tools.sh).
+router-tools:
+	scripts/fetch-router-tools.sh
+
+unit: venv router-tools
 	$(BIN)/pytest tests/unit -q -p no:cacheprovider
 
 sanity: venv
