@@ -6,9 +6,10 @@ Each STEP runs as ``make --no-print-directory STEP``; its output streams through
 as it comes. What a step says about itself (pytest's "N passed", molecule's
 scenario recap, the install test's last line) is picked from its output for the
 table. Without --keep-going the first failing step stops the run and the rest are
-listed as not run. A failed step's own words about why (ansible's ``fatal:`` and
-``msg``, pytest's ``E`` and ``FAILED`` lines, tracebacks) are repeated under the
-table, so that the end of a long log still says what broke. Exit status: 0 when
+listed as not run. A failed step's own words about why (ansible's ``fatal:``,
+``ERROR`` lines, pytest's ``E`` and ``FAILED`` lines, tracebacks: the first and the
+last excerpts) are repeated under the table, so that the end of a long log still
+says what broke. Exit status: 0 when
 every step passed, else 1.
 """
 
@@ -50,8 +51,9 @@ def fmt_time(s: float) -> str:
 def run_step(step: str) -> tuple[int, float, list[str], list[str]]:
     t0 = time.monotonic()
     notes: list[str] = []
-    first: list[list[str]] = []
-    why: collections.deque[list[str]] = collections.deque(maxlen=WHY_BLOCKS)
+    first: list[list[str]] = []  # the first WHY_BLOCKS excerpts
+    last: collections.deque[list[str]] = collections.deque(maxlen=WHY_BLOCKS)  # the last ones after them
+    block: list[str] = []
     after = 0
     sanity = 0
     proc = subprocess.Popen(["make", "--no-print-directory", step], stdout=subprocess.PIPE,
@@ -65,13 +67,10 @@ def run_step(step: str) -> tuple[int, float, list[str], list[str]]:
         short = short if len(short) <= WHY_WIDTH else short[:WHY_WIDTH] + " [...]"
         if after:
             after -= 1
-            why[-1].append(short)
+            block.append(short)
         elif WHY.search(plain):  # a new excerpt starts only outside one: its own lines cannot extend it
-            if len(first) < WHY_BLOCKS:
-                first.append([short])
-                why.append(first[-1])
-            else:
-                why.append([short])
+            block = [short]
+            (first if len(first) < WHY_BLOCKS else last).append(block)
             after = WHY_AFTER
         for pat, render in NOTES:
             m = pat.search(plain)
@@ -84,8 +83,7 @@ def run_step(step: str) -> tuple[int, float, list[str], list[str]]:
     rc = proc.wait()
     if sanity:
         notes.insert(0, f"{sanity} ansible-test sanity tests")
-    blocks = first + [b for b in why if not any(b is f for f in first)]
-    return rc, time.monotonic() - t0, notes, [ln for block in blocks for ln in block] if rc else []
+    return rc, time.monotonic() - t0, notes, [ln for b in first + list(last) for ln in b] if rc else []
 
 
 def table(rows: list[list[str]], color: bool = False) -> str:
@@ -134,7 +132,7 @@ def main() -> int:
     print(text)
     for r in results:
         if r.get("why"):
-            print(f"\n===== why {r['step']} failed (its last lines that said so)")
+            print(f"\n===== why {r['step']} failed (its first and last lines that said so)")
             print("\n".join(r["why"]))
     if a.json:
         with open(a.json, "w") as fh:
