@@ -6,17 +6,17 @@ Each STEP runs as ``make --no-print-directory STEP``; its output streams through
 as it comes. What a step says about itself (pytest's "N passed", molecule's
 scenario recap, the install test's last line) is picked from its output for the
 table. Without --keep-going the first failing step stops the run and the rest are
-listed as not run. A failed step's own words about why (ansible's ``fatal:``,
-``ERROR`` lines, pytest's ``E`` and ``FAILED`` lines, tracebacks: the first and the
-last excerpts) are repeated under the table, so that the end of a long log still
-says what broke. Exit status: 0 when
-every step passed, else 1.
+listed as not run. A failed step's own words about why are repeated at the end, just above the
+table, because a CI report may show only the last lines of a long log: the first
+excerpt that names a failure (ansible's ``fatal:``/``[ERROR]: Task failed``,
+pytest's ``E`` and ``FAILED`` lines, tracebacks) and the last one; a tool's own
+closing ``ERROR`` lines (molecule, ansible-test) only when nothing named a failure.
+Exit status: 0 when every step passed, else 1.
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import os
 import re
@@ -37,10 +37,12 @@ NOTES = [
     (re.compile(r"^Success: (no issues found in \d+ source files)"), lambda m: f"mypy {m.group(1)}"),
     (re.compile(r"^All checks passed!"), lambda m: "ruff clean"),
 ]
-# lines that say why something failed; each starts an excerpt of itself and the lines after it
-WHY = re.compile(r"^(fatal: |failed: |FAILED |ERROR[: ]|E   |Traceback |AssertionError|assert )|FAILED! =>")
-WHY_AFTER = 24     # lines kept after the line that started an excerpt
-WHY_BLOCKS = 2     # excerpts kept from the start and from the end each (the first error is often the cause)
+# lines that name a failure; each starts an excerpt of itself and the lines after it
+WHY = re.compile(r"^(fatal: |failed: |FAILED |E   |Traceback |AssertionError|assert |\[ERROR\]: )|FAILED! =>")
+# a tool's closing words ("ERROR    Ansible return code was 2"): used only when no line named a failure
+WHY_WEAK = re.compile(r"^ERROR[: ]")
+WHY_FIRST = 30     # lines kept of the first excerpt (the first failure is most often the cause)
+WHY_LAST = 16      # lines kept of the last one
 WHY_WIDTH = 400    # characters kept of one line
 
 
@@ -51,8 +53,9 @@ def fmt_time(s: float) -> str:
 def run_step(step: str) -> tuple[int, float, list[str], list[str]]:
     t0 = time.monotonic()
     notes: list[str] = []
-    first: list[list[str]] = []  # the first WHY_BLOCKS excerpts
-    last: collections.deque[list[str]] = collections.deque(maxlen=WHY_BLOCKS)  # the last ones after them
+    # [first, last] excerpt of the lines that named a failure, and of the weak ones
+    strong: list[list[str]] = []
+    weak: list[list[str]] = []
     block: list[str] = []
     after = 0
     sanity = 0
@@ -68,10 +71,11 @@ def run_step(step: str) -> tuple[int, float, list[str], list[str]]:
         if after:
             after -= 1
             block.append(short)
-        elif WHY.search(plain):  # a new excerpt starts only outside one: its own lines cannot extend it
+        elif WHY.search(plain) or WHY_WEAK.search(plain):  # inside an excerpt a line cannot start another
+            kept = strong if WHY.search(plain) else weak
             block = [short]
-            (first if len(first) < WHY_BLOCKS else last).append(block)
-            after = WHY_AFTER
+            kept[:] = kept[:1] + [block]  # the first one stays, the newest is the last
+            after = (WHY_FIRST if len(kept) == 1 else WHY_LAST) - 1
         for pat, render in NOTES:
             m = pat.search(plain)
             if m:
@@ -83,7 +87,9 @@ def run_step(step: str) -> tuple[int, float, list[str], list[str]]:
     rc = proc.wait()
     if sanity:
         notes.insert(0, f"{sanity} ansible-test sanity tests")
-    return rc, time.monotonic() - t0, notes, [ln for b in first + list(last) for ln in b] if rc else []
+    why = strong or weak
+    lines = why[0] + ["[...]"] + why[1] if len(why) == 2 else why[0] if why else []
+    return rc, time.monotonic() - t0, notes, lines if rc else []
 
 
 def table(rows: list[list[str]], color: bool = False) -> str:
@@ -128,12 +134,12 @@ def main() -> int:
                      "; ".join(r["notes"]) or "-"])
     text = table(rows, color)
     verdict = "all passed" if ok else f"{passed} of {len(results)} passed"
+    for r in results:  # above the table, so that the last lines of the log hold both
+        if r.get("why"):
+            print(f"\n===== why {r['step']} failed (the first and the last lines that said so)")
+            print("\n".join(r["why"]))
     print(f"\n===== {a.title}: {verdict} in {fmt_time(total)}")
     print(text)
-    for r in results:
-        if r.get("why"):
-            print(f"\n===== why {r['step']} failed (its first and last lines that said so)")
-            print("\n".join(r["why"]))
     if a.json:
         with open(a.json, "w") as fh:
             json.dump({"title": a.title, "ok": ok, "seconds": round(total, 1), "steps": results}, fh, indent=2)

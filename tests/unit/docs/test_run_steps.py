@@ -51,16 +51,38 @@ def test_keep_going_runs_every_step_and_all_passed_exits_0(tmp_path):
     assert res.returncode == 0 and "===== steps: all passed in" in res.stdout
 
 
-def test_a_failed_step_says_why_under_the_table(tmp_path):
+def test_a_failed_step_says_why_at_the_end_above_the_table(tmp_path):
     res = run(tmp_path, "--keep-going", "--json", "r.json", "why", "good")
     assert res.returncode == 1
-    tail = res.stdout[res.stdout.index("===== steps: 1 of 2 passed"):]
-    why = tail[tail.index("===== why why failed"):].splitlines()
+    out = res.stdout
+    why_at = out.index("===== why why failed")
+    # the why-excerpt and the table are the log's last lines: a CI report showing only the tail has both
+    assert why_at > out.index("filler msg 100") and why_at < out.index("===== steps: 1 of 2 passed")
+    why = out[why_at:out.index("===== steps: 1 of 2 passed")].strip().splitlines()
     assert why[1] == 'fatal: [n1]: FAILED! => {"msg": "lost 3 requests"}' and why[2] == "detail"
-    # excerpts, not the step's whole output: the first (the fatal line) and the last (what the tool
-    # said at the end), however long the output between them
-    assert "filler msg 30" not in tail and len(why) < 4 * 14
-    assert "ERROR the scenario failed" in why
-    assert "===== why good" not in tail  # nothing for steps that passed
+    # an excerpt, not the step's whole output
+    assert "filler msg 40" not in why and len(why) < 40
+    # the tool's closing ERROR line names no failure: not shown when a line did
+    assert "ERROR the scenario failed" not in why
+    assert "===== why good" not in out  # nothing for steps that passed
     doc = json.loads((tmp_path / "r.json").read_text())
     assert doc["steps"][0]["why"][0].startswith("fatal:") and doc["steps"][1]["why"] == []
+
+
+def test_the_first_and_the_last_failure_and_closing_errors_only_without_one(tmp_path):
+    (tmp_path / "Makefile").write_text(MAKEFILE)
+    script = tmp_path / "two.sh"
+    script.write_text("echo 'E   assert 1 == 2'; for i in $(seq 1 60); do echo pad $i; done\n"
+                      "echo 'FAILED tests/x.py::t2'; echo after-last; exit 1\n")
+    weak = tmp_path / "weak.sh"
+    weak.write_text("echo 'ERROR: sanity failed'; echo 'names pylint'; exit 1\n")
+    with (tmp_path / "Makefile").open("a") as fh:
+        fh.write("two:\n\t@sh two.sh\nweak:\n\t@sh weak.sh\n")
+    res = subprocess.run([sys.executable, str(ROOT / "scripts" / "run-steps.py"), "--keep-going", "two", "weak"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False)
+    out = res.stdout
+    two = out[out.index("===== why two failed"):out.index("===== why weak failed")].splitlines()
+    assert two[1] == "E   assert 1 == 2" and "[...]" in two and "FAILED tests/x.py::t2" in two
+    assert "after-last" in two and "pad 45" not in two
+    weak_why = out[out.index("===== why weak failed"):].splitlines()
+    assert weak_why[1:3] == ["ERROR: sanity failed", "names pylint"]
