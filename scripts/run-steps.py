@@ -41,8 +41,8 @@ NOTES = [
 WHY = re.compile(r"^(fatal: |failed: |FAILED |E   |Traceback |AssertionError|assert |\[ERROR\]: )|FAILED! =>")
 # a tool's closing words ("ERROR    Ansible return code was 2"): used only when no line named a failure
 WHY_WEAK = re.compile(r"^ERROR[: ]")
-WHY_FIRST = 30     # lines kept of the first excerpt (the first failure is most often the cause)
-WHY_LAST = 16      # lines kept of the last one
+WHY_FIRST = 26     # lines kept of the first excerpt (the first failure is most often the cause)
+WHY_LAST = 12      # lines kept of the last one
 WHY_WIDTH = 400    # characters kept of one line
 
 
