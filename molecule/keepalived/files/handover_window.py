@@ -142,11 +142,22 @@ def announcements(events: list[dict], vips: list[str], t0: float, host_of_mac: d
     return moves
 
 
-def nearest(moves: list, vip: str, t: float, within: float = 1.0) -> list | None:
-    """The move of the VIP nearest to t, [seconds, VIP, node it moved to], if within `within` s; else None
-    (a SYN lost to the lab's web server's short accept queue, far from any move, is no handover's)."""
-    near = min((m for m in moves if m[1] == vip), key=lambda m: abs(m[0] - t), default=None)
-    return near if near is not None and abs(near[0] - t) <= within else None
+def nearest(moves: list, vip: str, t: float, before: float = 1.0, after: float = 1.0) -> list | None:
+    """The move of the VIP nearest to t, [seconds, VIP, node it moved to], if t is at most `before` s
+    before it or `after` s after it; else None (a SYN lost to the lab's web server's accept queue, far
+    from any move, is no handover's)."""
+    near = min((m for m in moves if m[1] == vip and -after <= m[0] - t <= before),
+               key=lambda m: abs(m[0] - t), default=None)
+    return near
+
+
+# A connection can lose its SYN to a move only if it began just before the move (the old owner drops
+# the VIP when the new one's advert arrives, a few ms before its gratuitous ARP, which is when a move is
+# timed here) or after it (until the client has read that ARP). A slow connection that began 0.7 s
+# before the move lost its first SYN to something else (seen in a loaded run: 4 such, and 16 more a
+# second earlier with no move near).
+SYN_BEFORE_MOVE = 0.1
+SYN_AFTER_MOVE = 1.0
 
 
 def main() -> int:
@@ -193,7 +204,7 @@ def main() -> int:
     bad = probe["tcp"]["bad"]
     moves = announcements(events, a.vip, probe.get("t0", 0.0), host_of_mac)
     for b in bad:  # the move nearest to each bad connection
-        b["near_move"] = nearest(moves, b["vip"], b["t"])
+        b["near_move"] = nearest(moves, b["vip"], b["t"], SYN_BEFORE_MOVE, SYN_AFTER_MOVE)
     for vip, res in probe["icmp"].items():  # and to each lost echo
         res["lost_near"] = [nearest(moves, vip, t) for t in res.pop("lost_at", [])]
     print(json.dumps({
