@@ -1,16 +1,19 @@
-"""Render the pictures of docs/images/ with Graphviz (``dot``), from the sources below.
+"""Render the pictures of docs/images/: diagrams with Graphviz (``dot``), from the sources below,
+and plots with matplotlib, from the JSON files benchmark runs wrote into docs/images/.
 
     python scripts/pictures.py           # (re)write docs/images/*.svg
     python scripts/pictures.py --check   # exit 1 when a picture differs from what this script draws
 
 The election picture is computed with the core's own election (nocloudlb.core.election),
-so it shows the order the speakers use. The comparison ignores Graphviz's version comment.
+so it shows the order the speakers use. The plots are drawn from their run's JSON only, so a
+plot is current exactly when it matches its data. The comparison ignores Graphviz's version comment.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import re
 import shutil
 import subprocess
@@ -120,6 +123,98 @@ def handover() -> str:
 PICTURES = {"l2-failover": l2_failover, "bgp-ecmp": bgp_ecmp, "election-order": election, "handover": handover}
 
 
+# --------------------------------------------------------------------------- plots of benchmark runs
+
+# The goals docs/benchmarks.md measures BGP withdrawals against (seconds; not in the run's JSON).
+BGP_GOALS = {"drain": 0.1, "SIGTERM (withdraw_all)": 0.1, "bgpd frozen": 1.0, "node frozen": 0.4, "link down": 0.4}
+
+
+def _figure(width: float, height: float):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plt.rcdefaults()
+    # The same data gives the same bytes: fixed ids, text as text (no font outlines), no date.
+    plt.rcParams.update({"svg.hashsalt": "nocloudlb", "svg.fonttype": "none", "font.size": 9,
+                         "font.family": "sans-serif"})
+    return plt, plt.subplots(figsize=(width, height))
+
+
+def _svg(plt, fig) -> str:
+    import io
+
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None})
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def bgp_withdrawal() -> str:
+    """docs/images/bgp_withdrawal.json (benchmarks/bgp.py --parts withdrawal): each fault's runs and goal."""
+    data = json.loads((OUT / "bgp_withdrawal.json").read_text())
+    times = data["withdrawal"]["times"]
+    cond = data["conditions"]
+    plt, (fig, ax) = _figure(7.5, 3.4)
+    faults = list(times)
+    runs = max(len(v) for v in times.values())
+    height = 0.8 / runs
+    for r in range(runs):
+        ys = [i + (r - (runs - 1) / 2) * height for i in range(len(faults))]
+        xs = [times[f][r] if r < len(times[f]) else 0.0 for f in faults]
+        bars = ax.barh(ys, xs, height=height * 0.9, label=f"run {r + 1}",
+                       color=("#1f77b4", "#7fb3d5", "#aed6f1")[r % 3])
+        ax.bar_label(bars, labels=[f"{x:.3f} s" for x in xs], padding=3, fontsize=8)
+    for i, f in enumerate(faults):
+        if f in BGP_GOALS:
+            ax.plot([BGP_GOALS[f]] * 2, [i - 0.45, i + 0.45], color="#c62828", linewidth=1.5,
+                    label="goal" if i == 0 else None)
+    ax.set_yticks(range(len(faults)), faults)
+    ax.invert_yaxis()
+    ax.set_xlim(0, 1.15)
+    ax.set_xlabel("fault -> n1's next hop gone from the router's kernel table (s)")
+    ax.set_title(f"BGP withdrawal at the router, FRR 8.4, BFD 100 ms x 3 (run of {cond['started'][:10]} "
+                 f"{cond['started'][11:16]} UTC)", fontsize=9)
+    ax.legend(loc="lower right", fontsize=8)
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    return _svg(plt, fig)
+
+
+def false_failovers() -> str:
+    """docs/images/false_failovers.json (benchmarks/side_by_side.py --false-failover): takeovers per system."""
+    rows = json.loads((OUT / "false_failovers.json").read_text())["false_failovers"]
+    systems = list(dict.fromkeys(r["system"] for r in rows))
+    conditions = list(dict.fromkeys(r["condition"] for r in rows))
+    names = {"loss": "{loss_pct} % loss each way", "cpu": "CPU hog beside the master ({hog})"}
+    plt, (fig, ax) = _figure(7.5, 3.2)
+    height = 0.8 / len(conditions)
+    for c, cond in enumerate(conditions):
+        got = {r["system"]: r for r in rows if r["condition"] == cond}
+        ys = [i + (c - (len(conditions) - 1) / 2) * height for i in range(len(systems))]
+        xs = [got[s]["takeovers"] if s in got else 0 for s in systems]
+        first = next(iter(got.values()))
+        hog = {"nice": "nice -20", "fifo": "SCHED_FIFO 50"}.get(first.get("hog") or "nice", first.get("hog"))
+        label = names.get(cond, cond).format(loss_pct=first.get("loss_pct"), hog=hog)
+        bars = ax.barh(ys, xs, height=height * 0.9, label=f"{label}, {first['minutes']:g} min",
+                       color=("#ef6c00", "#6a1b9a")[c % 2])
+        ax.bar_label(bars, labels=[str(x) for x in xs], padding=3, fontsize=8)
+    ax.set_yticks(range(len(systems)), systems)
+    ax.invert_yaxis()
+    top = max(r["takeovers"] for r in rows)
+    ax.set_xlim(0, max(1, top) * 1.15)
+    ax.set_xlabel("false failovers: a non-master took the VIP (count)")
+    ax.set_title("False failovers, every system and condition in one window (three nodes each)", fontsize=9)
+    ax.legend(loc="upper right", fontsize=8)
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    return _svg(plt, fig)
+
+
+PLOTS = {"bgp_withdrawal": bgp_withdrawal, "false_failovers": false_failovers}
+
+
 def render(dot_src: str) -> str:
     dot = shutil.which("dot")
     if not dot:
@@ -140,8 +235,10 @@ def main() -> int:
     a = ap.parse_args()
     stale = []
     OUT.mkdir(parents=True, exist_ok=True)
-    for name, source in PICTURES.items():
-        svg = render(source())
+    drawn = [(name, lambda source=source: render(source())) for name, source in PICTURES.items()]
+    drawn += list(PLOTS.items())
+    for name, draw in drawn:
+        svg = draw()
         path = OUT / f"{name}.svg"
         if a.check:
             if not path.exists() or normal(path.read_text()) != normal(svg):
@@ -151,7 +248,7 @@ def main() -> int:
     if stale:
         print(f"docs/images/ is out of date ({', '.join(stale)}): run python scripts/pictures.py", file=sys.stderr)
         return 1
-    print(f"docs/images/: {len(PICTURES)} pictures {'current' if a.check else 'written'}")
+    print(f"docs/images/: {len(drawn)} pictures {'current' if a.check else 'written'}")
     return 0
 
 
