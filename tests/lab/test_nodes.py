@@ -38,7 +38,7 @@ pytestmark = pytest.mark.timeout(420)
 LAB = "pynodes"
 NODES = ["n1", "n2", "n3", "n4"]
 NOCLOUDLB = "/opt/nocloudlb/venv/bin/nocloudlb"
-POOL = [f"198.51.100.{i}" for i in range(200, 216)]
+POOL = [f"198.51.100.{i}" for i in range(200, 232)]
 
 
 def order(nodes: list[str], ip: str) -> list[str]:
@@ -63,7 +63,7 @@ TOPOLOGY = {
 CLUSTER_VARS = {
     "nocloudlb_memberlist_address": "{{ lab_ipv4 }}",
     "nocloudlb_memberlist_profile": "lan",
-    "nocloudlb_pools": [{"name": "web4", "addresses": ["198.51.100.200-198.51.100.215"]},
+    "nocloudlb_pools": [{"name": "web4", "addresses": ["198.51.100.200-198.51.100.231"]},
                         {"name": "web6", "addresses": ["2001:db8:1::200-2001:db8:1::20f"]}],
     "nocloudlb_l2_advertisements": [{"name": "lan", "interfaces": ["eth0"]}],
     "nocloudlb_services": [
