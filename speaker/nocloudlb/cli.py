@@ -68,6 +68,8 @@ def _status_request(a: argparse.Namespace) -> dict:
     req: dict = {"cmd": "status"}
     if a.all or a.cluster:
         req["vips"] = "all"
+    if a.cluster:
+        req["announcers"] = True  # BGP VIPs: the nodes that should announce each
     if a.ip:
         req["ips"] = list(a.ip)
     for key in ("service", "reason", "leader"):
@@ -124,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     stp.add_argument("--count", type=int, default=0, help="stop after N refreshes (--watch; 0 = never)")
     stp.add_argument("--cluster", action="store_true",
                      help="every member's view: this node's election against what each member announces "
-                          "(asked on its metrics port); exit 1 on a VIP with two owners or none")
+                          "(asked on its metrics port); exit 1 on a VIP with two owners or none, or a BGP VIP "
+                          "that a node which should announce it does not")
     stp.add_argument("--metrics-port", type=int, default=0, help="members' metrics port (default: this node's)")
     stp.add_argument("--color", choices=["auto", "always", "never"], default="auto")
     stp.add_argument("--all", action="store_true",
