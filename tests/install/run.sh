@@ -147,6 +147,21 @@ echo "  wheelhouse built from the installed collection: $(find "$infra/.cache/wh
 step "playbooks/speakers.yml: the roles directly, then speaker_info on every node"
 run_playbook speakers.yml
 
+step "a broken venv on n2 (no pip, as python3-venv missing leaves it) and no nocloudlb on the PATH: rebuilt"
+labctl=(python3 "$infra/collections/ansible_collections/nocloud/loadbalancer/roles/lab/files/labctl.py")
+"${labctl[@]}" exec -n "$lab" n2 -- sh -c \
+    'rm -rf /opt/nocloudlb/venv/lib/python3*/site-packages/pip /opt/nocloudlb/venv/bin/pip* /usr/local/bin/nocloudlb'
+if "${labctl[@]}" exec -n "$lab" n2 -- /opt/nocloudlb/venv/bin/python -c 'import pip' 2>/dev/null; then
+    fail "n2's venv still has pip: the breakage was not made"
+fi
+run_playbook speakers.yml
+grep -E 'Remove a broken virtual environment' -A4 "$work/speakers.yml.log" | grep -E '^changed: \[n2\]' >/dev/null \
+    || { grep -E 'Remove a broken virtual environment' -A4 "$work/speakers.yml.log"; fail "the role did not remove n2's broken venv"; }
+"${labctl[@]}" exec -n "$lab" n2 -- /opt/nocloudlb/venv/bin/python -c 'import pip' \
+    || fail "n2's venv has no pip after the role ran"
+version=$("${labctl[@]}" exec -n "$lab" n2 -- nocloudlb --version) || fail "nocloudlb is not on n2's PATH after the role ran"
+echo "  n2's venv rebuilt (the broken one removed), nocloudlb on the PATH again: $(echo "$version" | tr '\n' ' ')"
+
 step "playbooks/check.yml: every VIP from the client"
 run_playbook check.yml
 grep -oE '"msg": "[^"]+ -> [^"]+"' "$work/check.yml.log" | sed 's/"msg": /  /'
