@@ -35,7 +35,11 @@ $(VENV)/.stamp: requirements-dev.txt pyproject.toml
 	$(PY) -m pip install -q -e .
 	touch $@
 
+# The checkout is the collection nocloud.loadbalancer for commands run from here (ansible.cfg's
+# collections_path), so that playbooks run by FQCN as from an installed copy (docs/quickstart.md).
 venv: $(VENV)/.stamp
+	@mkdir -p .lab/collections/ansible_collections/nocloud
+	@ln -sfn ../../../.. .lab/collections/ansible_collections/nocloud/loadbalancer
 
 lint: venv
 	$(BIN)/ruff check plugins speaker tests benchmarks roles/lab/files molecule scripts

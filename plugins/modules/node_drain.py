@@ -83,7 +83,7 @@ attributes:
     details: Shows the node's labels before and after.
 notes:
   - Runs on the node to drain (the socket is local). Use C(serial) in the play so that one
-    node at a time is drained, as C(playbooks/rolling-restart.yml) does.
+    node at a time is drained, as C(playbooks/rolling_restart.yml) does.
 seealso:
   - module: nocloud.loadbalancer.speaker_info
   - module: nocloud.loadbalancer.vip_owner_info

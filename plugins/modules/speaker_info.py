@@ -66,7 +66,9 @@ EXAMPLES = r"""
 
 RETURN = r"""
 status:
-  description: 'The speaker''s whole answer to the C({"cmd": "status", "vips": "all"}) request, unchanged.'
+  description: >-
+    The speaker's whole answer to the C({"cmd": "status", "vips": "all", "announcers": true}) request,
+    unchanged.
   returned: success
   type: dict
 node:
@@ -115,12 +117,21 @@ vips:
     pool:
       description: The address pool the VIP comes from.
       type: str
+    protocol:
+      description:
+        - C(layer2), or C(bgp) for a VIP only BGP serves (announced by every eligible node, no leader).
+      type: str
     leader:
-      description: The node elected to announce it, or null when no node is eligible.
+      description: The node elected to announce it (layer 2), or null when no node is eligible or the VIP is BGP's.
       type: str
     announcing:
-      description: Whether this node answers ARP/NDP for it now.
+      description: Whether this node announces it now (answers ARP/NDP for it, or advertises it to its BGP peers).
       type: bool
+    bgp:
+      description:
+        - For a VIP the BGP mode decides on - C(announcing), C(reason), C(sessionsUp), C(sessions) (this node's
+          BGP sessions established and configured) and C(announcers) (the live nodes that should announce it).
+      type: dict
     reason:
       description: Empty when this node announces, else why not (C(notOwner), C(drained),
         C(noMatchingAdvertisement), C(noHealthyBackend), C(noCandidates), ...).
@@ -129,8 +140,15 @@ vips:
       description: Interfaces it is announced on.
       type: list
       elements: str
+owners:
+  description:
+    - "VIP -> who announces it - the elected node (layer 2), C(none), or for a BGP VIP C(bgp) with the nodes
+      that should announce it (C(bgp: n1,n2,n3), C(bgp: nobody))."
+  returned: success
+  type: dict
+  sample: {"198.51.100.200": "n2", "203.0.113.10": "bgp: n1,n2,n3"}
 leaders:
-  description: VIP -> elected leader (null when nobody may announce it).
+  description: VIP -> elected leader (null when nobody may announce it, and for BGP VIPs).
   returned: success
   type: dict
   sample: {"198.51.100.200": "n2", "2001:db8:1::200": "n1"}
@@ -164,6 +182,22 @@ from ansible_collections.nocloud.loadbalancer.plugins.module_utils.control_clien
 from ansible_collections.nocloud.loadbalancer.plugins.module_utils.election import DRAIN_LABEL  # noqa: E402
 
 
+def owner_text(v: dict) -> str:
+    """Who announces a VIP row: its leader (layer 2), or "bgp: NODES" (the nodes that should announce it)."""
+    if v.get("protocol") == "bgp":
+        announcers = (v.get("bgp") or {}).get("announcers")
+        return "bgp" if announcers is None else "bgp: " + (",".join(announcers) or "nobody")
+    return str(v.get("leader") or "none")
+
+
+def owners(vips: list) -> dict:
+    out: dict = {}
+    for v in vips:
+        if "ip" in v:
+            out.setdefault(v["ip"], owner_text(v))
+    return out
+
+
 def summarize(status: dict) -> dict:
     """The status plus the convenience keys this module returns."""
     vips = status.get("vips") or []
@@ -176,6 +210,7 @@ def summarize(status: dict) -> dict:
         "members": status.get("members") or [],
         "vips": vips,
         "leaders": {v["ip"]: v.get("leader") for v in vips if "ip" in v},
+        "owners": owners(vips),
         "announcing": sorted({v["ip"] for v in vips if v.get("announcing")}),
         "config": status.get("config") or {},
         "conflicts": status.get("conflicts") or [],
@@ -194,7 +229,7 @@ def main() -> None:
     )
     path = module.params["socket"]
     try:
-        status = request(path, {"cmd": "status", "vips": "all"}, module.params["timeout"])
+        status = request(path, {"cmd": "status", "vips": "all", "announcers": True}, module.params["timeout"])
     except FileNotFoundError:
         module.fail_json(msg=f"socket: {path} does not exist; is nocloudlb-speaker.service running on this node?")
     except ConnectionRefusedError:

@@ -8,6 +8,7 @@
     nocloudlb probe IP [-i IFACE] [--timeout S] [--json]
     nocloudlb keygen
     nocloudlb support-bundle [-o FILE] [--socket S] [-c CONFIG] [--since 2h]
+    nocloudlb --version
 """
 
 from __future__ import annotations
@@ -18,6 +19,37 @@ import sys
 from typing import Any
 
 from .config import DEFAULT_PATH, DEFAULT_SOCKET
+
+# Written by the speaker role into the virtual environment it installs (sys.prefix): the
+# version of the nocloud.loadbalancer collection that installed this daemon.
+COLLECTION_VERSION_FILE = "nocloudlb-collection-version"
+
+
+def version_text(prefix: str | None = None) -> str:
+    """The daemon's version and the collection's ("collection: unknown" without the role's file)."""
+    from pathlib import Path
+
+    from . import __version__
+
+    try:
+        collection = Path(prefix if prefix is not None else sys.prefix, COLLECTION_VERSION_FILE).read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        collection = ""
+    if not collection or collection == "unknown":
+        return f"nocloudlb {__version__}\ncollection: unknown"
+    return f"nocloudlb {__version__}\ncollection: nocloud.loadbalancer {collection}"
+
+
+class _VersionAction(argparse.Action):
+    """--version, printed as two lines (argparse's own version action reflows them into one)."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest=dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: Any, values: Any,
+                 option_string: str | None = None) -> None:
+        print(version_text())
+        parser.exit()
 
 
 def _request(sock: str, req: dict[str, Any]) -> dict[str, Any]:
@@ -36,6 +68,8 @@ def _status_request(a: argparse.Namespace) -> dict:
     req: dict = {"cmd": "status"}
     if a.all or a.cluster:
         req["vips"] = "all"
+    if a.cluster:
+        req["announcers"] = True  # BGP VIPs: the nodes that should announce each
     if a.ip:
         req["ips"] = list(a.ip)
     for key in ("service", "reason", "leader"):
@@ -76,6 +110,7 @@ def _status(a: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="nocloudlb", description="nocloud.loadbalancer speaker and tools")
+    p.add_argument("--version", action=_VersionAction, help="the speaker's version and the collection's, then exit")
     sub = p.add_subparsers(dest="command", required=True)
     sp = sub.add_parser("speaker", help="run the speaker daemon")
     sp.add_argument("-c", "--config", default=DEFAULT_PATH)
@@ -91,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     stp.add_argument("--count", type=int, default=0, help="stop after N refreshes (--watch; 0 = never)")
     stp.add_argument("--cluster", action="store_true",
                      help="every member's view: this node's election against what each member announces "
-                          "(asked on its metrics port); exit 1 on a VIP with two owners or none")
+                          "(asked on its metrics port); exit 1 on a VIP with two owners or none, or a BGP VIP "
+                          "that a node which should announce it does not")
     stp.add_argument("--metrics-port", type=int, default=0, help="members' metrics port (default: this node's)")
     stp.add_argument("--color", choices=["auto", "always", "never"], default="auto")
     stp.add_argument("--all", action="store_true",

@@ -45,7 +45,7 @@ class SpeakerCollector(Collector):
         ann = GaugeMetricFamily("nocloudlb_speaker_announced", "Services being announced from this node",
                                 labels=["ip", "node", "protocol", "service"])
         for row in snap.get("announced", []):
-            ann.add_metric([row["ip"], row["node"], "layer2", row["service"]], 1)
+            ann.add_metric([row["ip"], row["node"], row.get("protocol") or "layer2", row["service"]], 1)
         yield ann
         yield GaugeMetricFamily("nocloudlb_config_loaded_bool", "1 if the config file was loaded without errors",
                                 value=1 if snap.get("config_ok") else 0)

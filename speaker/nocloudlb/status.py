@@ -10,6 +10,11 @@
 - ``metrics_snapshot()``: what metrics.py's collector exports (announced VIPs, config state, members,
   kinship counters, conflicts, quorum, step errors, fail closed);
 - ``rows()``: the layer-2 mode's VIP rows with the L2 layer's live state overlaid.
+
+Every VIP row carries ``protocol``: a VIP that only the BGP mode serves is a BGP row (no single
+owner: announced by every eligible node; statusview.merge_bgp). ``{"announcers": true}`` in the
+request adds to each row's ``bgp`` the nodes that should announce it, computed from the published
+view with the BGP decision of every live member (``nocloudlb status --cluster``, speaker_info).
 """
 
 from __future__ import annotations
@@ -61,7 +66,7 @@ class StatusReport:
                                 "publishedLabels": info.labels, "configDigest": m.meta.get("c", ""),
                                 "macs": [":".join(f"{b:02x}" for b in mac) for mac in sorted(info.macs)]})
         modes = {m.name: m.status() for m in self.rt.modes}
-        all_vips = [v for st in modes.values() for v in mode_rows(st)]
+        all_vips = self._vip_rows(modes, announcers=bool((req or {}).get("announcers")))
         for st in modes.values():  # the rows are shown once, at the top (selected), not again per mode
             if isinstance(st.get("vips"), list):
                 st["vips"] = len(st["vips"])
@@ -99,6 +104,40 @@ class StatusReport:
             "metricsBind": cfg.metrics_bind if cfg else "",  # firsthour: `nocloudlb status --cluster` asks members here
         }
 
+    def _vip_rows(self, modes: dict[str, dict], announcers: bool = False) -> list[dict[str, Any]]:
+        """Every mode's VIP rows, with the BGP mode's part merged in (statusview.merge_bgp)."""
+        from .statusview import merge_bgp  # noqa: PLC0415
+
+        rows = [v for st in modes.values() for v in mode_rows(st)]
+        bgp = modes.get("bgp")
+        if not isinstance(bgp, dict) or not bgp.get("bgpVips"):
+            return merge_bgp(rows, None)
+        parsed = self.config.cfg.parsed if self.config.cfg else None
+
+        def pool_of(ip: str) -> str:
+            pool = parsed.pool_for_ip(ip) if parsed is not None else None
+            return pool.name if pool is not None else ""
+
+        return merge_bgp(rows, bgp, pool_of, self.bgp_announcers() if announcers else None)
+
+    def bgp_announcers(self) -> dict[str, list[str]]:
+        """VIP -> the live members that should announce it through BGP: each one's BGP decision over the
+        published view (the view every speaker decides from). On request only: members x services."""
+        from .core.bgp import bgp_decision  # noqa: PLC0415
+        from .core.election import LIVE_STATES  # noqa: PLC0415
+
+        if self.config.cfg is None or self.rt.membership is None or self.config.codec is None:
+            return {}
+        nodes = self.views.node_views()
+        out: dict[str, list[str]] = {}
+        for n in nodes:
+            if n.state not in LIVE_STATES:
+                continue
+            for ip, (announced, _reason, _services) in bgp_decision(n.name, nodes, self.config.cfg.parsed).vips.items():
+                if announced:
+                    out.setdefault(ip, []).append(n.name)
+        return out
+
     def metrics_snapshot(self) -> dict[str, Any]:
         modes = {m.name: m.status() for m in self.rt.modes}
         counts: dict[str, int] = {}
@@ -111,9 +150,7 @@ class StatusReport:
             except kinship.KinshipError:
                 stats = {}
         return {
-            "announced": [{"ip": v["ip"], "node": self.config.cfg.node_name if self.config.cfg else "",
-                           "service": v["service"]}
-                          for st in modes.values() for v in mode_rows(st) if v.get("announcing")],
+            "announced": self._announced(modes),
             "config_ok": self.config.holder.state == "ok",
             "config_stale": self.config.holder.state != "ok" and self.config.cfg is not None,
             "members": counts,
@@ -123,3 +160,15 @@ class StatusReport:
             "step_errors": self.rt.steps.snapshot(),
             "fail_closed": bool(self.fail.noted),
         }
+
+    def _announced(self, modes: dict[str, dict]) -> list[dict[str, str]]:
+        """One entry per VIP and service this node announces, per protocol (layer2, bgp)."""
+        node = self.config.cfg.node_name if self.config.cfg else ""
+        out = []
+        for v in self._vip_rows(modes):
+            protocol = v.get("protocol") or "layer2"
+            if v.get("announcing"):
+                out.append({"ip": v["ip"], "node": node, "service": v["service"], "protocol": protocol})
+            if protocol != "bgp" and (v.get("bgp") or {}).get("announcing"):
+                out.append({"ip": v["ip"], "node": node, "service": v["service"], "protocol": "bgp"})
+        return out

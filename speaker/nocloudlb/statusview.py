@@ -38,6 +38,20 @@ REASONS: dict[str, tuple[str, str]] = {
     "yieldedOnWire": ("yielded", "another member announced the VIP while this node had no quorum: it gave way"),
     "stepFailed": ("nobody", "this VIP's part of the decision keeps failing (vipStepFailed in the log)"),
 }
+# BGP rows (protocol "bgp"): every eligible node announces, there is no single owner. The reason is
+# nocloudlb.core.bgp's (why this node does not announce the VIP), or one of the two below.
+BGP_REASONS: dict[str, tuple[str, str]] = {
+    "noMatchingAdvertisement": ("ineligible", "BGP: no BGPAdvertisement selects this node for the pool"),
+    "noPeer": ("ineligible", "BGP: no BGPPeer (of the advertisement) selects this node"),
+    "drained": ("drained", "BGP: this node carries the drain label and never announces"),
+    "noHealthyBackend": ("ineligible", "BGP, Local policy: this node's health check for the service fails"),
+    "notLive": ("waiting", "BGP: this node is not a live member in the view it published"),
+    "notInAnyPool": ("nobody", "the service's address is in no IPAddressPool"),
+    "withdrawn": ("withdrawn", "BGP: the speaker withdrew every route (fail closed)"),
+    "noSessionUp": ("announcing", "BGP: announced, but no session to a peer is established: no router has it"),
+}
+BGP_OWNER = "bgp"  # the OWNER of a BGP row in tables and in the summary's owners: every eligible node
+
 # Status at size (issue 10): past this many VIP rows, a plain ``status`` request answers with the summary
 # only (10,000 rows are 2.6 MB of JSON); ``"vips": "all"`` or a filter gives rows.
 STATUS_ROWS = 1000
@@ -55,7 +69,7 @@ def vip_summary(vips: list[dict[str, Any]]) -> dict[str, Any]:
         by_reason[reason] = by_reason.get(reason, 0) + 1
         role = role_of(v)
         by_role[role] = by_role.get(role, 0) + 1
-        owner = str(v.get("leader") or "none")
+        owner = BGP_OWNER if v.get("protocol") == "bgp" else str(v.get("leader") or "none")
         leaders[owner] = leaders.get(owner, 0) + 1
         announcing += bool(v.get("announcing"))
     return {"total": len(vips), "announcing": announcing, "byRole": dict(sorted(by_role.items())),
@@ -106,7 +120,8 @@ def select_vips(vips: list[dict[str, Any]], req: dict[str, Any]) -> tuple[list[d
     return rows, {"total": len(vips), "matched": matched, "shown": len(rows), "omitted": matched - len(rows)}
 
 
-ROLE_COLOR = {"owner": "32", "backup": "2", "drained": "33", "ineligible": "33", "checking": "33",
+ROLE_COLOR = {"owner": "32", "announcing": "32", "withdrawn": "31", "backup": "2", "drained": "33", "ineligible": "33",
+              "checking": "33",
               "waiting": "33", "nobody": "31", "refused": "31", "conflict": "31"}
 
 
@@ -119,9 +134,78 @@ class Paint:
 
 
 def role_of(v: dict[str, Any]) -> str:
+    if v.get("protocol") == "bgp":
+        return "announcing" if v.get("announcing") else BGP_REASONS.get(v.get("reason") or "", ("?", ""))[0]
     if v.get("announcing"):
         return "owner"
     return REASONS.get(v.get("reason") or "", ("?", ""))[0]
+
+
+def merge_bgp(rows: list[dict[str, Any]], bgp: dict[str, Any] | None, pool_of: Callable[[str], str] | None = None,
+              announcers: dict[str, list[str]] | None = None) -> list[dict[str, Any]]:
+    """The VIP rows with the BGP mode's part: every row gets ``protocol``.
+
+    A VIP that no L2Advertisement serves (no layer-2 leader, reason noMatchingAdvertisement) and the BGP
+    mode decides on becomes a BGP row: ``protocol`` "bgp", no leader, ``announcing`` and ``reason`` this
+    node's BGP answer (``withdrawn`` while the mode withdrew everything, ``noSessionUp`` when announced
+    with no session established). A VIP served by both keeps its layer-2 row. Either carries ``bgp``:
+    announcing, reason, this node's sessions up and configured and, with ``announcers`` (ip -> the nodes
+    that should announce it, from the published view), those nodes. ``bgp`` is the BGP mode's status."""
+    vips = (bgp or {}).get("bgpVips") or {}
+    if not vips:
+        return [dict(r, protocol=r.get("protocol") or "layer2") for r in rows]
+    peers = (bgp or {}).get("peers") or []
+    up = sum(p.get("state") == "Established" for p in peers)
+    withdrawn = bool((bgp or {}).get("withdrawn"))
+
+    def part(ip: str) -> dict[str, Any]:
+        info = vips[ip]
+        on = bool(info.get("announcing")) and not withdrawn
+        reason = "" if on else ("withdrawn" if withdrawn and info.get("announcing") else info.get("reason") or "")
+        if on and peers and not up:
+            reason = "noSessionUp"
+        b: dict[str, Any] = {"announcing": on, "reason": reason, "sessionsUp": up, "sessions": len(peers)}
+        if announcers is not None:
+            b["announcers"] = sorted(announcers.get(ip, []))
+        return b
+
+    out = []
+    seen = set()
+    for r in rows:
+        ip = str(r["ip"])
+        if ip not in vips:
+            out.append(dict(r, protocol=r.get("protocol") or "layer2"))
+            continue
+        seen.add((ip, r.get("service")))
+        b = part(ip)
+        if r.get("leader") is None and r.get("reason") == "noMatchingAdvertisement":
+            out.append(dict(r, protocol="bgp", leader=None, announcing=b["announcing"], reason=b["reason"], bgp=b))
+        else:
+            out.append(dict(r, protocol="layer2", bgp=b))
+    for ip in vips:  # VIPs the layer-2 mode has no row for
+        for svc in vips[ip].get("services") or []:
+            if (ip, svc) not in seen:
+                b = part(ip)
+                out.append({"ip": ip, "service": svc, "pool": pool_of(ip) if pool_of else "", "leader": None,
+                            "announcing": b["announcing"], "reason": b["reason"], "protocol": "bgp", "bgp": b})
+    return out
+
+
+def owner_text(v: dict[str, Any]) -> str:
+    """Who announces a VIP: its layer-2 leader, or for a BGP row "bgp" with the nodes that should announce it
+    (when the status carries them)."""
+    if v.get("protocol") == "bgp":
+        ann = (v.get("bgp") or {}).get("announcers")
+        return f"{BGP_OWNER}: {','.join(ann) or 'nobody'}" if ann is not None else f"{BGP_OWNER} (every eligible node)"
+    return str(v.get("leader") or "none")
+
+
+def owners(vips: list[dict[str, Any]]) -> dict[str, str]:
+    """VIP -> owner_text of its first row (the site playbook's summary, speaker_info's ``owners``)."""
+    out: dict[str, str] = {}
+    for v in vips:
+        out.setdefault(v["ip"], owner_text(v))
+    return out
 
 
 def table(rows: list[list[str]], paint: Paint | None = None, colors: list[list[str | None]] | None = None) -> str:
@@ -161,6 +245,12 @@ def header(st: dict[str, Any], paint: Paint) -> str:
         lines.append(paint(f"gossip error: {ml['error']}", "31"))
     for err in cfg.get("errors", []):
         lines.append(paint(f"config refused, running the last good one: {err}", "31"))
+    bgp = (st.get("modes") or {}).get("bgp")
+    if isinstance(bgp, dict) and bgp.get("peers"):
+        peers = bgp["peers"]
+        up = sum(p.get("state") == "Established" for p in peers)
+        sessions = ", ".join(f"{p.get('name')} {p.get('state', '?')}" for p in peers)
+        lines.append(paint(f"bgp sessions {up}/{len(peers)} established: {sessions}", "32" if up else "31"))
     tools = dict(st.get("modes") or {}, health=st.get("health") or {})
     lines += [paint(line, "31") for line in backoff_lines(tools)]
     fail = st.get("failClosed") or {}
@@ -205,14 +295,21 @@ def vip_rows(st: dict[str, Any], marks: dict[tuple[str, str], str] | None = None
     colors: list[list[str | None]] = []
     for v in sorted(st.get("vips", []), key=lambda v: (v["ip"], v["service"])):
         role = role_of(v)
-        owner = str(v.get("leader") or "none")
+        owner = owner_text(v)
+        nobody = owner in ("none", f"{BGP_OWNER}: nobody")
         mark = (marks or {}).get((v["ip"], v["service"]))
         if mark:
             owner += f"  * since {mark}"
-        rows.append([v["ip"], v["service"], v.get("pool") or "-", owner, role, v.get("reason") or "-",
-                     conflict_text(v)])
-        colors.append([None, None, None, "1" if mark else ("31" if owner == "none" else None),
-                       ROLE_COLOR.get(role), None, "31" if v.get("conflict") else None])
+        reason = v.get("reason") or "-"
+        b = v.get("bgp") or {}
+        if v.get("protocol") == "bgp" and b.get("sessions"):
+            reason += f" (sessions {b.get('sessionsUp', 0)}/{b['sessions']} up)"
+        elif b:
+            reason += f" (bgp: {'announced' if b.get('announcing') else b.get('reason') or '-'})"
+        rows.append([v["ip"], v["service"], v.get("pool") or "-", owner, role, reason, conflict_text(v)])
+        colors.append([None, None, None, "1" if mark else ("31" if nobody else None),
+                       ROLE_COLOR.get(role), "31" if v.get("reason") == "noSessionUp" else None,
+                       "31" if v.get("conflict") else None])
     return rows, colors
 
 
@@ -335,6 +432,7 @@ def watch(fetch: Callable[[], dict[str, Any]], out: TextIO, paint: Paint, interv
 
 # -- the cluster's view -------------------------------------------------------------------
 METRIC = re.compile(r'^nocloudlb_speaker_announced\{([^}]*)\}\s+([0-9.eE+-]+)')
+SESSION = re.compile(r'^nocloudlb_bgp_session_up\{([^}]*)\}\s+([0-9.eE+-]+)')
 LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
@@ -345,6 +443,12 @@ def parse_announced(text: str) -> list[dict[str, str]]:
         if m and float(m.group(2)) > 0:
             out.append(dict(LABEL.findall(m.group(1))))
     return out
+
+
+def parse_sessions(text: str) -> tuple[int, int] | None:
+    """(BGP sessions up, sessions) from a member's metrics, None when it exports none."""
+    values = [float(m.group(2)) for m in map(SESSION.match, text.splitlines()) if m]
+    return (sum(v > 0 for v in values), len(values)) if values else None
 
 
 def scalar(text: str, name: str) -> float | None:
@@ -368,42 +472,73 @@ def member_host(addr: str) -> str:
     return host.strip("[]") or addr
 
 
+def _bgp_announced(vips: list[dict[str, Any]]) -> list[str]:
+    """The VIPs a status's rows say this node announces through BGP."""
+    return sorted({v["ip"] for v in vips
+                   if (v.get("protocol") == "bgp" and v.get("announcing")) or (v.get("bgp") or {}).get("announcing")})
+
+
 def cluster_view(st: dict[str, Any], metrics_port: int,
                  get: Callable[[str, int], str] = fetch_metrics) -> dict[str, Any]:
     """Ask every member what it announces (its /metrics) beside what this node elected.
 
     The local speaker answers through its control socket (``st``); each member's gossip
     state, labels and config digest come from that same answer; what each member
-    announces comes from its metrics endpoint at the member's gossip address."""
+    announces (layer 2 and BGP apart) and its BGP sessions come from its metrics endpoint
+    at the member's gossip address.
+
+    A layer-2 VIP is ok when exactly its elected node announces it. A BGP VIP (rows of
+    protocol "bgp") is ok when the nodes that should announce it (``bgp.announcers`` of the
+    row, from this node's published view) all do with a session up; a node among them that
+    does not, or announces with no session established, is MISSING; nobody eligible is NO
+    ANNOUNCER; a node announcing that should not is only "extra" (it still serves the VIP)."""
     members = []
     announced_by: dict[str, list[str]] = {}
+    bgp_by: dict[str, list[str]] = {}
     my_digest = next((m.get("configDigest") for m in st.get("members", []) if m["name"] == st.get("node")), "")
     for m in sorted(st.get("members", []), key=lambda m: m["name"]):
         entry: dict[str, Any] = {"name": m["name"], "addr": m.get("addr"), "state": m.get("state"),
                                  "labels": m.get("labels", {}),
                                  "sameConfig": m.get("configDigest") == my_digest, "reachable": False,
-                                 "configLoaded": None, "conflicts": None, "announces": [], "error": ""}
+                                 "configLoaded": None, "conflicts": None, "announces": [], "bgpAnnounces": [],
+                                 "bgpSessions": None, "error": ""}
         if m["name"] == st.get("node"):
+            peers = ((st.get("modes") or {}).get("bgp") or {}).get("peers") or []
             entry.update(reachable=True, configLoaded=st.get("config", {}).get("state") == "ok",
                          conflicts=len(st.get("conflicts", [])),
-                         announces=sorted({v["ip"] for v in st.get("vips", []) if v.get("announcing")}))
+                         announces=sorted({v["ip"] for v in st.get("vips", [])
+                                           if v.get("announcing") and v.get("protocol") != "bgp"}),
+                         bgpAnnounces=_bgp_announced(st.get("vips", [])),
+                         bgpSessions=[sum(p.get("state") == "Established" for p in peers), len(peers)]
+                         if peers else None)
         elif m.get("state") in ("alive", "suspect"):
             try:
                 text = get(member_host(m.get("addr", "")), metrics_port)
+                rows = [r for r in parse_announced(text) if "ip" in r]
+                sessions = parse_sessions(text)
                 entry.update(reachable=True, configLoaded=scalar(text, "nocloudlb_config_loaded_bool") == 1,
                              conflicts=int(scalar(text, "nocloudlb_layer2_conflicts_current") or 0),
-                             announces=sorted({r["ip"] for r in parse_announced(text) if "ip" in r}))
+                             announces=sorted({r["ip"] for r in rows if r.get("protocol", "layer2") != "bgp"}),
+                             bgpAnnounces=sorted({r["ip"] for r in rows if r.get("protocol") == "bgp"}),
+                             bgpSessions=list(sessions) if sessions else None)
             except (OSError, ValueError) as exc:
                 entry["error"] = str(getattr(exc, "reason", exc))
         for ip in entry["announces"]:
             announced_by.setdefault(ip, []).append(m["name"])
+        for ip in entry["bgpAnnounces"]:
+            bgp_by.setdefault(ip, []).append(m["name"])
         members.append(entry)
+    no_session = {m["name"] for m in members if m["bgpSessions"] is not None and m["bgpSessions"][0] == 0}
+    unknown = [m["name"] for m in members if not m["reachable"] and m["state"] in ("alive", "suspect")]
     vips = []
     for ip in sorted({v["ip"] for v in st.get("vips", [])}):
         rows = [v for v in st.get("vips", []) if v["ip"] == ip]
+        entry = {"ip": ip, "services": sorted({v["service"] for v in rows}), "pool": rows[0].get("pool")}
+        if rows[0].get("protocol") == "bgp":
+            vips.append(entry | _bgp_verdict(rows[0], sorted(bgp_by.get(ip, [])), no_session, unknown))
+            continue
         elected = rows[0].get("leader")
         by = sorted(announced_by.get(ip, []))
-        unknown = [m["name"] for m in members if not m["reachable"] and m["state"] in ("alive", "suspect")]
         if len(by) > 1:
             verdict = "TWO OWNERS"
         elif not by:
@@ -412,29 +547,64 @@ def cluster_view(st: dict[str, Any], metrics_port: int,
             verdict = "ok"
         else:
             verdict = "moving"
-        vips.append({"ip": ip, "services": sorted({v["service"] for v in rows}),
-                     "pool": rows[0].get("pool"), "elected": elected, "announcedBy": by, "verdict": verdict})
+        vips.append(entry | {"protocol": "layer2", "elected": elected, "announcedBy": by, "verdict": verdict})
     return {"node": st.get("node"), "time": st.get("time"), "members": members, "vips": vips}
+
+
+def _bgp_verdict(row: dict[str, Any], by: list[str], no_session: set[str], unknown: list[str]) -> dict[str, Any]:
+    """A BGP VIP's verdict (see cluster_view): ``by`` the members whose metrics say they announce it."""
+    expected = (row.get("bgp") or {}).get("announcers")
+    working = [n for n in by if n not in no_session]
+    out: dict[str, Any] = {"protocol": "bgp", "elected": None if expected is None else list(expected),
+                           "announcedBy": by}
+    if expected is None:  # a speaker that does not say who should announce: any announcer will do
+        verdict = "ok" if working else ("unknown" if unknown else "NO ANNOUNCER")
+    elif not expected:
+        verdict = "NO ANNOUNCER"
+    else:
+        missing = [n for n in expected if n not in working]
+        extra = [n for n in by if n not in expected]
+        if missing and all(n in unknown for n in missing):
+            verdict = "unknown"
+        elif missing:
+            verdict = "MISSING " + ",".join(missing)
+        elif extra:
+            verdict = "extra " + ",".join(extra)
+        else:
+            verdict = "ok"
+    return out | {"verdict": verdict}
 
 
 def render_cluster(view: dict[str, Any], paint: Paint) -> str:
     rows = [["VIP", "SERVICES", "POOL", "ELECTED", "ANNOUNCED BY", "VERDICT"]]
     colors: list[list[str | None]] = []
     for v in view["vips"]:
-        rows.append([v["ip"], ",".join(v["services"]), v["pool"] or "-", v["elected"] or "none",
+        if v.get("protocol") == "bgp":
+            elected = "bgp: " + (",".join(v["elected"]) or "nobody") if v["elected"] is not None else "bgp"
+        else:
+            elected = v["elected"] or "none"
+        rows.append([v["ip"], ",".join(v["services"]), v["pool"] or "-", elected,
                      ",".join(v["announcedBy"]) or "nobody", v["verdict"]])
         colors.append([None, None, None, None, None, "32" if v["verdict"] == "ok" else "31"])
+    bgp = any(m.get("bgpSessions") is not None for m in view["members"])
     mrows = [["MEMBER", "ADDRESS", "STATE", "ASKED", "CONFIG", "SAME CONFIG", "CONFLICTS", "ANNOUNCES", "LABELS"]]
+    if bgp:
+        mrows[0][8:8] = ["BGP SESSIONS UP"]
     mcolors: list[list[str | None]] = []
     for m in view["members"]:
         asked = "yes" if m["reachable"] else ("no: " + m["error"] if m["error"] else "no")
         cfg = "-" if m["configLoaded"] is None else ("ok" if m["configLoaded"] else "refused")
         mrows.append([m["name"], m["addr"] or "-", m["state"] or "?", asked, cfg, "yes" if m["sameConfig"] else "NO",
-                      "-" if m["conflicts"] is None else str(m["conflicts"]), str(len(m["announces"])),
+                      "-" if m["conflicts"] is None else str(m["conflicts"]),
+                      str(len(set(m["announces"]) | set(m.get("bgpAnnounces") or []))),
                       ",".join(f"{k}={v}" for k, v in sorted(m["labels"].items())) or "-"])
         mcolors.append([None, None, "32" if m["state"] == "alive" else "31", None if m["reachable"] else "31",
                         "31" if cfg == "refused" else None, None if m["sameConfig"] else "31",
                         "31" if m["conflicts"] else None, None, None])
+        if bgp:
+            sessions = m.get("bgpSessions")
+            mrows[-1][8:8] = [f"{sessions[0]}/{sessions[1]}" if sessions else "-"]
+            mcolors[-1][8:8] = ["31" if sessions and not sessions[0] else None]
     head = f"cluster as seen from {view['node']} at {view['time']} (elected: this node's election; " \
            "announced by: each member's own metrics)"
     return "\n".join([head, "", table(rows, paint, colors), "", table(mrows, paint, mcolors)])
@@ -450,5 +620,5 @@ def dump(data: Any, fmt: str) -> str:
 
 def problems(view: dict[str, Any]) -> Iterable[str]:
     for v in view["vips"]:
-        if v["verdict"] in ("TWO OWNERS", "NO OWNER"):
+        if v["verdict"] in ("TWO OWNERS", "NO OWNER", "NO ANNOUNCER") or v["verdict"].startswith("MISSING"):
             yield f"{v['ip']}: {v['verdict']}"

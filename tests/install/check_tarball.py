@@ -23,13 +23,15 @@ REQUIRED = [
     "speaker/nocloudlb/l2/__init__.py", "plugins/module_utils/__init__.py",
     "roles/speaker/files/source_digest.py", "roles/speaker/meta/argument_specs.yml",
     "roles/lab/files/labctl.py", "playbooks/site.yml", "playbooks/drain.yml", "meta/runtime.yml",
+    "playbooks/rolling_restart.yml", "playbooks/rotate_key.yml", "playbooks/migrate_to_speaker.yml",
+    "playbooks/migrate_to_keepalived.yml",
 ]
 # Never shipped: version control, virtualenvs, caches, build output, logs, keys.
 PRIVATE = [
     ".git", ".git/*", ".venv/*", "*/.venv/*", ".ansible/*", ".cache/*", ".config/*", ".lab/*", ".ci/*",
     "*__pycache__*", "*.pyc", "*.egg-info*", "build/*", "dist/*", "tests/output/*", ".mypy_cache/*",
     ".ruff_cache/*", ".pytest_cache/*", ".hypothesis/*", "*.log", "*.key", "*.pem", ".env*", "*.tar.gz",
-    "*/.molecule/*", "tests/install/output/*",
+    "*/.molecule/*", "tests/install/output/*", "ansible.cfg",
 ]
 
 

@@ -1,13 +1,19 @@
 """Run docs/quickstart.md's commands on a lab deployed from the installed collection.
 
-    python quickstart.py --lab fh --labctl PATH/labctl.py --doc docs/quickstart.md
+    python quickstart.py --lab fh --labctl PATH/labctl.py --doc docs/quickstart.md \
+        [--top CHECKOUT] [--readme README.md --infra INFRA_REPO]
 
 Takes the quickstart's console blocks, keeps the lines that run a command in a lab host
 (`$L exec -n l2 HOST -- ...`), points them at this lab, and runs each (interactive
-shells and --watch, which never ends, are left out). Then watches a VIP move as the
-quickstart tells: `nocloudlb status --watch` on a backup node while the owner
-is frozen with `$L fault ... freeze OWNER`; the watch
-must print the change of owner with its time.
+shells and --watch, which never ends, are left out); `nocloudlb` is run as written, from
+the node's PATH, and `nocloudlb --version` must name the collection's version.
+Then the documented drains, by FQCN, each followed by its undrain, checked on the node
+(the drain label set, no VIP elected to it; then cleared): with --readme and --infra,
+the README's `ansible-playbook nocloud.loadbalancer.drain ...` lines in the infra
+repository (the installed collection); with --top, the quickstart's planned move, run
+in the checkout as the quickstart says. Then watches a VIP move as the quickstart tells:
+`nocloudlb status --watch` on a backup node while the owner is frozen with
+`$L fault ... freeze OWNER`; the watch must print the change of owner with its time.
 """
 
 from __future__ import annotations
@@ -22,9 +28,63 @@ import threading
 import time
 from pathlib import Path
 
+DRAIN_LABEL = "node.kubernetes.io/exclude-from-external-load-balancers"
+
 
 def blocks(doc: str) -> list[str]:
-    return [line.strip() for b in re.findall(r"```console\n(.*?)```", doc, re.S) for line in b.splitlines()]
+    """The console blocks' lines, a line ending in a backslash joined with the next."""
+    out: list[str] = []
+    for b in re.findall(r"```console\n(.*?)```", doc, re.S):
+        b = re.sub(r"\\\n\s*", " ", b)
+        out += [line.strip() for line in b.splitlines()]
+    return out
+
+
+def status(labctl: list[str], lab: str, host: str) -> dict:
+    proc = subprocess.run([*labctl, "exec", "-n", lab, host, "--", "nocloudlb", "status", "-o", "json", "--all"],
+                          capture_output=True, text=True, timeout=60, check=True)
+    return json.loads(proc.stdout)
+
+
+def drained_view(labctl: list[str], lab: str, node: str) -> tuple[bool, list[str]]:
+    """Whether node carries the drain label (its own status), and the VIPs elected to it (another node's view)."""
+    mine = status(labctl, lab, node)
+    other = next(n for n in ("n1", "n2", "n3") if n != node)
+    theirs = status(labctl, lab, other)
+    leads = sorted({v["ip"] for v in theirs["vips"] if v.get("leader") == node})
+    return DRAIN_LABEL in (mine.get("labels") or {}), leads
+
+
+def drain_cycle(labctl: list[str], lab: str, drain: str, undrain: str, cwd: str, what: str) -> bool:
+    """Run a documented drain and its undrain (shell lines, in cwd) and check the result on the node."""
+    m = re.search(r"-e target=(\w+)", drain)
+    if not m:
+        print(f"quickstart: {what}: no -e target=NODE in {drain!r}")
+        return False
+    node = m.group(1)
+    for line, want_drained in ((drain, True), (undrain, False)):
+        t0 = time.monotonic()
+        proc = subprocess.run(["bash", "-c", line], cwd=cwd, capture_output=True, text=True, timeout=300, check=False)
+        took = time.monotonic() - t0
+        if proc.returncode != 0:
+            print(proc.stdout[-4000:] + proc.stderr[-2000:])
+            print(f"quickstart: {what}: `{line}` (in {cwd}) exited {proc.returncode}")
+            return False
+        deadline = time.monotonic() + 15
+        while True:
+            labelled, leads = drained_view(labctl, lab, node)
+            ok = labelled and not leads if want_drained else not labelled
+            if ok or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        state = "drained" if want_drained else "undrained"
+        print(f"  {what}: {line.split('ansible-playbook', 1)[1].strip()[:110]}")
+        print(f"    -> exit 0 in {took:.1f} s; on {node}: drain label {'set' if labelled else 'absent'}, "
+              f"VIPs elected to it: {', '.join(leads) or 'none'}")
+        if not ok:
+            print(f"quickstart: {what}: {node} is not {state} after `{line}`")
+            return False
+    return True
 
 
 def main() -> int:
@@ -32,6 +92,9 @@ def main() -> int:
     ap.add_argument("--lab", required=True)
     ap.add_argument("--labctl", required=True)
     ap.add_argument("--doc", required=True)
+    ap.add_argument("--top", help="the checkout: run the quickstart's drain and undrain there")
+    ap.add_argument("--readme", help="README.md: run its drain and undrain lines in --infra")
+    ap.add_argument("--infra", help="the infra repository the collection is installed in")
     a = ap.parse_args()
     L = [sys.executable, a.labctl]
     lines = blocks(Path(a.doc).read_text())
@@ -48,12 +111,35 @@ def main() -> int:
         if proc.returncode != 0:
             print(proc.stdout + proc.stderr)
             return 1
+        if cmd[-1:] == ["--version"] and not re.search(r"^collection: nocloud\.loadbalancer \d", proc.stdout, re.M):
+            print(proc.stdout + proc.stderr)
+            print("quickstart: `nocloudlb --version` does not name the collection's version")
+            return 1
         ran += 1
-    if ran < 4:
-        print(f"quickstart: only {ran} commands found in {a.doc}; expected the status, --cluster, curl and neigh lines")
+    if ran < 5:
+        print(f"quickstart: only {ran} commands found in {a.doc}; expected the status, --cluster, --version, curl "
+              "and neigh lines")
         return 1
-    # watch a VIP move, as section 3 says
-    nocloudlb = "/opt/nocloudlb/venv/bin/nocloudlb"
+    # the documented drains, by FQCN: the README's from the infra repository, the quickstart's from the checkout
+    cycles = []
+    if a.readme and a.infra:
+        found = [ln.split("#")[0].strip() for ln in blocks(Path(a.readme).read_text())
+                 if ln.startswith("ansible-playbook nocloud.loadbalancer.drain ")]
+        cycles.append(("README (infra repository)", found, a.infra))
+    if a.top:
+        found = [ln.replace("/nocloudlb-lab/l2/", f"/nocloudlb-lab/{a.lab}/") for ln in lines
+                 if re.search(r"ansible-playbook .*nocloud\.loadbalancer\.drain ", ln)]
+        cycles.append(("quickstart (checkout)", found, a.top))
+    for what, found, cwd in cycles:
+        drains = [ln for ln in found if "state=undrained" not in ln]
+        undrains = [ln for ln in found if "state=undrained" in ln]
+        if len(drains) != 1 or len(undrains) != 1:
+            print(f"quickstart: {what}: expected one drain and one undrain line by FQCN, found {found}")
+            return 1
+        if not drain_cycle(L, a.lab, drains[0], undrains[0], cwd, what):
+            return 1
+    # watch a VIP move, as section 3 says (nocloudlb from the node's PATH)
+    nocloudlb = "nocloudlb"
     st = json.loads(subprocess.run([*L, "exec", "-n", a.lab, "n1", "--", nocloudlb, "status", "-o", "json"],
                                    capture_output=True, text=True, timeout=60, check=True).stdout)
     vip = next(v for v in st["vips"] if ":" not in v["ip"])

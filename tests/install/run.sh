@@ -17,7 +17,10 @@
 #      a site playbook that imports nocloud.loadbalancer.site, one that uses the
 #      roles directly, and a check from the client that every VIP is answered by
 #      the elected node's MAC and serves HTTP;
-#   6. docs/quickstart.md's commands run on that lab, a VIP watched moving;
+#   6. the playbooks by FQCN; docs/quickstart.md's commands run on that lab (nocloudlb from
+#      the nodes' PATH, --version), the README's drain and undrain by FQCN from the infra
+#      repository and the quickstart's from the checkout, each checked on the node, a VIP
+#      watched moving;
 #   7. nothing left in ~/.ansible/collections, the lab down.
 # Run as root: tests/install/run.sh  (KEEP=1 keeps the work directory and the lab)
 set -euo pipefail
@@ -144,13 +147,44 @@ echo "  wheelhouse built from the installed collection: $(find "$infra/.cache/wh
 step "playbooks/speakers.yml: the roles directly, then speaker_info on every node"
 run_playbook speakers.yml
 
+step "a broken venv on n2 (no pip, as python3-venv missing leaves it) and no nocloudlb on the PATH: rebuilt"
+labctl=(python3 "$infra/collections/ansible_collections/nocloud/loadbalancer/roles/lab/files/labctl.py")
+"${labctl[@]}" exec -n "$lab" n2 -- sh -c \
+    'rm -rf /opt/nocloudlb/venv/lib/python3*/site-packages/pip /opt/nocloudlb/venv/bin/pip* /usr/local/bin/nocloudlb'
+if "${labctl[@]}" exec -n "$lab" n2 -- /opt/nocloudlb/venv/bin/python -c 'import pip' 2>/dev/null; then
+    fail "n2's venv still has pip: the breakage was not made"
+fi
+run_playbook speakers.yml
+grep -E 'Remove a broken virtual environment' -A4 "$work/speakers.yml.log" | grep -E '^changed: \[n2\]' >/dev/null \
+    || { grep -E 'Remove a broken virtual environment' -A4 "$work/speakers.yml.log"; fail "the role did not remove n2's broken venv"; }
+"${labctl[@]}" exec -n "$lab" n2 -- /opt/nocloudlb/venv/bin/python -c 'import pip' \
+    || fail "n2's venv has no pip after the role ran"
+version=$("${labctl[@]}" exec -n "$lab" n2 -- nocloudlb --version) || fail "nocloudlb is not on n2's PATH after the role ran"
+echo "  n2's venv rebuilt (the broken one removed), nocloudlb on the PATH again: $(echo "$version" | tr '\n' ' ')"
+
 step "playbooks/check.yml: every VIP from the client"
 run_playbook check.yml
 grep -oE '"msg": "[^"]+ -> [^"]+"' "$work/check.yml.log" | sed 's/"msg": /  /'
 
-step "docs/quickstart.md's commands on the lab, with the installed collection's labctl"
+step "the playbooks by FQCN from the infra repository, and the old hyphenated names as aliases"
+for pb in site drain rolling_restart rotate_key migrate_to_speaker migrate_to_keepalived; do
+    ansible-playbook --syntax-check "nocloud.loadbalancer.$pb" >/dev/null 2>"$work/syntax.err" \
+        || { cat "$work/syntax.err"; fail "ansible-playbook --syntax-check nocloud.loadbalancer.$pb"; }
+done
+C=collections/ansible_collections/nocloud/loadbalancer
+for pb in rolling-restart rotate-key migrate-to-speaker migrate-to-keepalived; do
+    ansible-playbook --syntax-check "$C/playbooks/$pb.yml" >/dev/null 2>"$work/syntax.err" \
+        || { cat "$work/syntax.err"; fail "ansible-playbook --syntax-check $C/playbooks/$pb.yml"; }
+done
+echo "  nocloud.loadbalancer.{site,drain,rolling_restart,rotate_key,migrate_to_speaker,migrate_to_keepalived} resolve;"
+echo "  playbooks/{rolling-restart,rotate-key,migrate-to-speaker,migrate-to-keepalived}.yml import them"
+
+step "docs/quickstart.md's commands on the lab, with the installed collection's labctl; the README's drain"
+# nocloudlb from the nodes' PATH; the README's drain and undrain by FQCN in the infra repository,
+# the quickstart's in the checkout (its ansible.cfg and .lab/collections link, made by make venv)
 "$venv/bin/python" "$here/quickstart.py" --lab "$lab" --doc "$top/docs/quickstart.md" \
     --labctl "$infra/collections/ansible_collections/nocloud/loadbalancer/roles/lab/files/labctl.py" \
+    --readme "$top/README.md" --infra "$infra" --top "$top" \
     || fail "the quickstart's commands (above)"
 
 step "nothing left in ~/.ansible/collections"

@@ -117,7 +117,7 @@ def test_key_rotation_keeps_the_arp_owner_and_old_or_wrong_keys_inject_nothing(c
     watch = ArpWatch(c, ip)
     c.wait(lambda: len(watch.samples) >= 2, 10, "the ARP watch runs")
     t_begin = time.monotonic()
-    for step in ([old, new], [new, old], [new]):  # what playbooks/rotate-key.yml does, node by node
+    for step in ([old, new], [new, old], [new]):  # what playbooks/rotate_key.yml does, node by node
         for n in NODES:
             c.set_key_file(n, step)
             c.send_signal(n, 1)  # SIGHUP, as systemctl reload

@@ -1,4 +1,4 @@
-"""Key rotation with real speakers, in the order of playbooks/rotate-key.yml, with a crash in the middle.
+"""Key rotation with real speakers, in the order of playbooks/rotate_key.yml, with a crash in the middle.
 
 Three ``fast`` speakers, two VIPs each. The rotation is the role's (roles/speaker/tasks/rotate_key.yml):
 every node gets the new key beside the old (``old, new``) and a SIGHUP, and every node is checked before

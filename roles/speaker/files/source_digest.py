@@ -1,6 +1,7 @@
-"""Print a JSON summary of the daemon's source: its version and a digest of every file
-that goes into the nocloudlb wheel. The role names wheelhouses after the digest, so a
-wheel is built once per source state and nodes reinstall only when the code changed."""
+"""Print a JSON summary of the daemon's source: its version, a digest of every file
+that goes into the nocloudlb wheel, and the version of the collection it ships in. The
+role names wheelhouses after the digest, so a wheel is built once per source state and
+nodes reinstall only when the code changed."""
 
 import hashlib
 import json
@@ -19,7 +20,22 @@ def main() -> None:
     for path in sorted(files):
         digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
     print(json.dumps({"name": project["name"], "version": project["version"], "digest": digest.hexdigest()[:16],
-                      "platform": platform_tag()}))
+                      "platform": platform_tag(), "collection_version": collection_version(root)}))
+
+
+def collection_version(root: Path) -> str:
+    """The collection's version: MANIFEST.json in an installed collection, galaxy.yml in a checkout."""
+    try:
+        return str(json.loads((root / "MANIFEST.json").read_text())["collection_info"]["version"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    try:
+        for line in (root / "galaxy.yml").read_text().splitlines():
+            if line.startswith("version:"):
+                return line.partition(":")[2].split("#")[0].strip().strip("'\"") or "unknown"
+    except OSError:
+        pass
+    return "unknown"
 
 
 def platform_tag() -> str:

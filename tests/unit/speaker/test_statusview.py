@@ -53,7 +53,7 @@ def test_cluster_verdicts_from_each_members_metrics():
 
     ok = view({"n1": [ip], "n2": [], "n3": []})
     assert ok["vips"][0] | {"services": None} == {"ip": ip, "services": None, "pool": "web4", "elected": "n1",
-                                                  "announcedBy": ["n1"], "verdict": "ok"}
+                                                  "announcedBy": ["n1"], "verdict": "ok", "protocol": "layer2"}
     assert [m["reachable"] for m in ok["members"]] == [True, True, True]
     assert view({"n1": [ip], "n2": [ip], "n3": []})["vips"][0]["verdict"] == "TWO OWNERS"
     assert view({"n1": [], "n2": [], "n3": []})["vips"][0]["verdict"] == "NO OWNER"
