@@ -18,13 +18,7 @@ def main() -> None:
         files += [p for p in (root / folder).rglob("*") if p.is_file() and "__pycache__" not in p.parts]
     for path in sorted(files):
         digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
-    print(json.dumps({"name": project["name"], "version": project["version"], "digest": digest.hexdigest()[:16],
-                      "platform": platform_tag()}))
-
-
-def platform_tag() -> str:
-    import sysconfig
-    return f"{sysconfig.get_platform()}-py{sys.version_info.major}.{sys.version_info.minor}"
+    print(json.dumps({"name": project["name"], "version": project["version"], "digest": digest.hexdigest()[:16]}))
 
 
 if __name__ == "__main__":
