@@ -20,7 +20,7 @@ def main() -> None:
     for path in sorted(files):
         digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
     print(json.dumps({"name": project["name"], "version": project["version"], "digest": digest.hexdigest()[:16],
-                      "platform": platform_tag(), "collection_version": collection_version(root)}))
+                      "collection_version": collection_version(root)}))
 
 
 def collection_version(root: Path) -> str:
@@ -36,11 +36,6 @@ def collection_version(root: Path) -> str:
     except OSError:
         pass
     return "unknown"
-
-
-def platform_tag() -> str:
-    import sysconfig
-    return f"{sysconfig.get_platform()}-py{sys.version_info.major}.{sys.version_info.minor}"
 
 
 if __name__ == "__main__":
