@@ -8,7 +8,6 @@ is announced as soon as the interface can carry it."""
 from __future__ import annotations
 
 import sys
-import urllib.request
 
 import pytest
 from speaker_harness import SpeakerCluster, pool_docs, service_doc, spread_vips
@@ -87,4 +86,3 @@ def test_missing_down_enslaved_interfaces_are_reported_and_never_announced_on(ma
     assert "master br1" in detail, detail
     assert _row(c, "n2", ip2) == (False, "noUsableInterface")
     assert c.status("n2")["modes"]["l2"]["announced"] == [ip2]  # given to the announcer, announced on nothing
-    assert urllib.request is not None

@@ -79,7 +79,7 @@ def _checks_only(playbook: Path, out: Path) -> Path:
 def test_a_pattern_matching_no_host_fails_naming_it_and_the_groups(env):
     runs = {name: _run(env, _playbook(name), bad) for name, (bad, _good) in CASES.items()}
     for name, proc in runs.items():
-        out, _ = proc.communicate(timeout=240)
+        out = proc.communicate(timeout=240)[0]
         assert proc.returncode == 2, f"{name}: rc {proc.returncode}\n{out[-3000:]}"
         assert "no host of the inventory matches" in out and "'speakers'" in out, f"{name}:\n{out[-3000:]}"
         assert "The inventory's groups: loose, nodes, routers" in out, f"{name}:\n{out[-3000:]}"
@@ -90,6 +90,6 @@ def test_a_pattern_matching_no_host_fails_naming_it_and_the_groups(env):
 def test_the_check_passes_when_the_pattern_matches(env, tmp_path):
     runs = {name: _run(env, _checks_only(_playbook(name), tmp_path), good) for name, (_bad, good) in CASES.items()}
     for name, proc in runs.items():
-        out, _ = proc.communicate(timeout=240)
+        out = proc.communicate(timeout=240)[0]
         assert proc.returncode == 0, f"{name}: rc {proc.returncode}\n{out[-3000:]}"
         assert "failed=0" in out, f"{name}:\n{out[-3000:]}"

@@ -106,10 +106,9 @@ def test_a_vip_with_no_interface_to_announce_on_is_not_shown_as_announced(caplog
 
 
 def test_status_shows_one_line_per_unusable_interface():
-    modes = {"l2": {"interfaces": {"unusable": [
-        {"iface": "eth9", "reason": "missing", "detail": "no such interface on this node", "since": "T"},
-        {"iface": "eth3", "reason": "noCarrier", "detail": "up, but without carrier", "since": "T"}]}},
-             "bgp": {"frr": {}}}
+    unusable = [{"iface": "eth9", "reason": "missing", "detail": "no such interface on this node", "since": "T"},
+                {"iface": "eth3", "reason": "noCarrier", "detail": "up, but without carrier", "since": "T"}]
+    modes = {"l2": {"interfaces": {"unusable": unusable}}, "bgp": {"frr": {}}}
     lines = interface_lines(modes)
     assert lines == ["l2: interface eth9 missing since T: no such interface on this node: nothing is announced on it",
                      "l2: interface eth3 noCarrier since T: up, but without carrier"]
