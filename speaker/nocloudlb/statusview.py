@@ -37,6 +37,8 @@ REASONS: dict[str, tuple[str, str]] = {
     "quorumSettling": ("waiting", "quorum just came back: a VIP from a member not seen alive waits a moment"),
     "yieldedOnWire": ("yielded", "another member announced the VIP while this node had no quorum: it gave way"),
     "stepFailed": ("nobody", "this VIP's part of the decision keeps failing (vipStepFailed in the log)"),
+    "noUsableInterface": ("nobody", "elected, but every interface it may be announced on here is missing, down or "
+                          "enslaved: nothing is announced (see the interface lines)"),
 }
 # BGP rows (protocol "bgp"): every eligible node announces, there is no single owner. The reason is
 # nocloudlb.core.bgp's (why this node does not announce the VIP), or one of the two below.
@@ -253,6 +255,7 @@ def header(st: dict[str, Any], paint: Paint) -> str:
         lines.append(paint(f"bgp sessions {up}/{len(peers)} established: {sessions}", "32" if up else "31"))
     tools = dict(st.get("modes") or {}, health=st.get("health") or {})
     lines += [paint(line, "31") for line in backoff_lines(tools)]
+    lines += [paint(line, "31") for line in interface_lines(st.get("modes") or {})]
     fail = st.get("failClosed") or {}
     if fail.get("reason"):
         lines.append(paint(f"fail closed since {fail.get('since') or '?'}: this node publishes itself drained: "
@@ -286,6 +289,20 @@ def backoff_lines(modes: dict[str, Any]) -> list[str]:
         for where, b in _backoffs(st):
             lines.append(f"{name}: {where} failing ({b.get('failures')} in a row), next try in "
                          f"{b.get('nextTrySeconds', 0):g} s: {b.get('error') or '?'}")
+    return lines
+
+
+def interface_lines(modes: dict[str, Any]) -> list[str]:
+    """One line per interface a layer-2 mode cannot announce on (missing, down, enslaved, ...: issue 20 part 6)."""
+    lines = []
+    for name, st in sorted(modes.items()):
+        report = st.get("interfaces") if isinstance(st, dict) else None
+        if not isinstance(report, dict):
+            continue
+        for u in report.get("unusable") or []:
+            what = "no interface" if u.get("iface") == "*" else f"interface {u.get('iface')}"
+            tail = "" if u.get("reason") == "noCarrier" else ": nothing is announced on it"
+            lines.append(f"{name}: {what} {u.get('reason')} since {u.get('since') or '?'}: {u.get('detail')}{tail}")
     return lines
 
 

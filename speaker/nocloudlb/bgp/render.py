@@ -31,7 +31,12 @@ import jinja2
 from nocloudlb.core.bgp import BgpDecision, Route, is_ibgp
 from nocloudlb.core.schema import BFDProfile, BGPPeer, Config
 
+# The first line marks the file as the speaker's: the frr role keeps a frr.conf without it (one the
+# operator or the package wrote) as frr.conf.nocloudlb-backup before the speaker replaces it. FRR and
+# frr-reload skip comment lines, so it never shows in a diff against the running config.
+MARKER = "nocloudlb-managed"
 TEMPLATE = """\
+! nocloudlb-managed: written by the nocloudlb speaker (BGP mode), replaced on every change
 frr defaults traditional
 hostname {{ hostname }}
 log syslog informational

@@ -86,7 +86,7 @@ from . import arp, ndp
 from .addresses import canonical_ips
 from .addresses import parse as parse_ip
 from .bpf import ARP_NDP_PROGRAM, DROP_ALL, attach_filter, open_packet_socket, set_link_multicast
-from .interfaces import EXCLUDED, Interface, interfaces
+from .interfaces import EXCLUDED, Interface, interfaces, unusable
 from .lease import Lease
 from .metrics import l2_metrics
 from .responder import ResponderClient
@@ -214,6 +214,11 @@ class L2Announcer:
         self._ifaces: dict[str, _Iface] = {}
         self._eligible: list[str] = []
         self._info: dict[str, Interface] = {}
+        self._others: dict[str, str] = {}  # links that are not Ethernet: name -> why (interfaces())
+        # interface names to report on (the L2Advertisements selecting this node), and whether one of them asks
+        # for every eligible interface (watch_interfaces); what is wrong with them: name -> report entry
+        self._watched: tuple[frozenset[str], bool] = (frozenset(), False)
+        self._unusable: dict[str, dict] = {}
         self._heap: list[tuple[float, int, str, str, int, tuple]] = []
         self._seq = 0
         self._gen = 0
@@ -397,6 +402,64 @@ class L2Announcer:
             self.log.warning("leaseExpired", extra={
                 "event": "leaseExpired", "ip": ip, "refused": self._lease_refused,
                 "reason": "not answering: the daemon did not renew the layer-2 lease in time (frozen or stalled)"})
+
+    def watch_interfaces(self, names: Iterable[str], all_eligible: bool) -> None:
+        """Report on these interfaces (those the L2Advertisements selecting this node name) whether this node
+        leads a VIP or not, and, with ``all_eligible``, on there being no eligible interface at all: see
+        ``interface_report``. The names of the VIPs given to ``set_announced`` are reported on as well."""
+        watched = (frozenset(names), bool(all_eligible))
+        with self._lock:
+            if watched != self._watched:
+                self._watched = watched
+                self._report_interfaces()
+
+    def interface_report(self) -> dict:
+        """What the status shows: the interfaces watched, the eligible ones, and each one this node cannot
+        announce on (or only warns about) with its reason: ``unusable`` [{iface, reason, detail, since}]."""
+        with self._lock:
+            return {"watched": sorted(self._watched[0]), "allEligible": self._watched[1],
+                    "eligible": list(self._eligible),
+                    "unusable": [dict(v) for _n, v in sorted(self._unusable.items())]}
+
+    def unanswered(self) -> set[str]:
+        """Addresses in the announcing state with no interface to announce on (every interface they may use
+        is missing, down or enslaved): the decision path shows them as not announced (noUsableInterface)."""
+        with self._lock:
+            return {ip for ip, v in self._vips.items() if v.state == "announcing" and not v.ifaces}
+
+    def _report_interfaces(self) -> None:
+        """Work out ``_unusable`` from the last scan (lock held); log and count each change."""
+        names = set(self._watched[0])
+        for vip in self._vips.values():
+            names.update(vip.wanted)
+        found: dict[str, tuple[str, str]] = {}
+        for name in names:
+            reason, detail = unusable(name, self._info, self._others)
+            if reason:
+                found[name] = (reason, detail)
+        if self._watched[1] and not self._eligible:
+            found["*"] = ("noEligible", "no interface of this node may announce: "
+                          + (", ".join(f"{n} ({unusable(n, self._info, self._others)[0] or 'excluded by name'})"
+                                       for n in sorted(self._info)) or "it has no Ethernet interface"))
+        gauge = self.metrics.interface_unusable
+        for name in [n for n in self._unusable if found.get(n, ("",))[0] != self._unusable[n]["reason"]]:
+            old = self._unusable.pop(name)
+            try:
+                gauge.remove(name, old["reason"])
+            except KeyError:
+                pass
+            if name not in found:
+                self.log.info("interfaceUsable", extra={"event": "interfaceUsable", "iface": name,
+                                                        "was": old["reason"]})
+        for name, (reason, detail) in sorted(found.items()):
+            if name in self._unusable:
+                continue
+            self._unusable[name] = {"iface": name, "reason": reason, "detail": detail,
+                                    "since": datetime.now(UTC).isoformat(timespec="seconds")}
+            gauge.labels(name, reason).set(1)
+            self.log.warning("interfaceUnusable", extra={
+                "event": "interfaceUnusable", "iface": name, "reason": reason,
+                "detail": detail if reason == "noCarrier" else f"{detail}: nothing is announced on it"})
 
     def conflicts(self) -> list[dict]:
         """Addresses not announced because another MAC answered for them: ip, mac, iface, at (ISO 8601)."""
@@ -584,15 +647,17 @@ class L2Announcer:
     # -- interfaces --------------------------------------------------------------------
     def _rescan(self) -> None:
         """Re-read interfaces; open/close sockets; re-resolve every VIP's interfaces."""
+        others: dict[str, str] = {}
         try:
-            info = interfaces(with_addresses=False)
+            info = interfaces(with_addresses=False, others=others)
         except Exception as exc:  # noqa: BLE001 - netlink hiccup: keep the current view
             self.log.warning("interfaceScanFailed", extra={"event": "interfaceScanFailed", "error": str(exc)})
             return
         before = (self._info, self._eligible, {n: (i.index, i.mac) for n, i in self._ifaces.items()})
-        self._info = info
+        self._info, self._others = info, others
         # edges (issue 8 defect 3): announceable = up and not a bridge port/bond slave/tap/NOARP
         self._eligible = sorted(n for n, i in info.items() if i.announceable and not EXCLUDED.match(n))
+        self._report_interfaces()  # issue 20 part 6: say what is wrong with the interfaces asked for
         needed = set(self._eligible)
         for vip in self._vips.values():
             needed.update(n for n in vip.wanted if n in info and info[n].announceable)

@@ -21,6 +21,7 @@ class L2Metrics:
     responder_restarts: Counter
     lease_expired: Counter
     lease_remaining: Gauge
+    interface_unusable: Gauge
 
 
 # id(registry) -> (registry, its counters): the registry is kept, so that its id is never reused by
@@ -50,5 +51,8 @@ def l2_metrics(registry: CollectorRegistry | None = REGISTRY) -> L2Metrics:
                     registry=registry),
             Gauge("nocloudlb_layer2_lease_remaining_seconds", "Seconds left before the ARP/NDP responder stops "
                   "answering unless the daemon renews its lease (+Inf: no deadline yet)", registry=registry),
+            Gauge("nocloudlb_layer2_interface_unusable", "1 for each interface an L2Advertisement names (or used "
+                  "for VIPs) that this node cannot announce on, by reason (missing, down, enslaved, noCarrier, ...)",
+                  ["iface", "reason"], registry=registry),
         )
     return _by_registry[key][1]

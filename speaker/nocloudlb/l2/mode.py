@@ -99,6 +99,8 @@ class L2View:
     states: dict[str, str]
     conflicts: dict[str, dict]
     known: bool = True
+    # announcing with no interface to announce on (all it may use are missing, down, enslaved): issue 20 part 6
+    nowhere: frozenset[str] | set[str] = frozenset()
 
 
 def with_l2(rows: list[VipRow], l2: L2View) -> list[VipRow]:
@@ -106,6 +108,8 @@ def with_l2(rows: list[VipRow], l2: L2View) -> list[VipRow]:
 
     Won but still under the RFC 5227 check: reason ``conflictCheck``; another MAC answered (also
     while the announcer re-checks a conflicted address): reason ``ipConflict`` with the conflict.
+    Won and taken, but with no interface to announce on (every one it may use is missing, down or
+    enslaved): reason ``noUsableInterface``, not announcing (nothing goes out).
     """
     out = []
     for r in rows:
@@ -115,6 +119,8 @@ def with_l2(rows: list[VipRow], l2: L2View) -> list[VipRow]:
             out.append(r)  # nothing to overlay (most rows at size): no copy
         elif not r.announcing or not l2.known:
             out.append(replace(r, l2_state=state, conflict=conflict))
+        elif state == "announcing" and r.ip in l2.nowhere:
+            out.append(replace(r, announcing=False, reason="noUsableInterface", l2_state=state, conflict=None))
         elif state == "announcing":
             out.append(replace(r, l2_state=state, conflict=None))
         elif conflict is not None or state == "conflict":
@@ -135,7 +141,7 @@ def seen_key(r: VipRow, l2: L2View) -> tuple[bool, str]:
         return r.announcing, r.reason
     state = l2.states.get(r.ip, "")
     if state == "announcing":
-        return True, r.reason
+        return (False, "noUsableInterface") if r.ip in l2.nowhere else (True, r.reason)
     if r.ip in l2.conflicts or state == "conflict":
         return False, "ipConflict"
     return False, "conflictCheck" if state == "checking" else "l2Pending"
@@ -447,6 +453,7 @@ class L2Mode:
         self._applied = None
         self.applies += 1
         started, cpu_started = time.monotonic(), time.thread_time()
+        self._watch_interfaces(me, nodes, parsed)
         states = {n.name: n.state for n in nodes}
         skip: set[str] = set()
         handed: dict[str, str] = {}
@@ -658,6 +665,20 @@ class L2Mode:
                                                             round((time.thread_time() - cpu_started) * 1000, 1))]
         self._applied = key if self._lo_wanted is not None else None
 
+    def _watch_interfaces(self, me: str, nodes: list[NodeView], parsed: Any) -> None:
+        """Tell the announcer which interfaces the L2Advertisements selecting this node name (issue 20 part 6):
+        it reports the ones it cannot announce on (status, log, metric), whether this node leads a VIP or not."""
+        watch = getattr(self.announcer, "watch_interfaces", None)
+        if watch is None:
+            return
+        try:
+            mine = next((n for n in nodes if n.name == me), None)
+            labels = mine.labels if mine is not None else {}
+            ads = [a for a in getattr(parsed, "l2_advertisements", []) if a.selects_node(labels)]
+            watch(sorted({i for a in ads for i in a.interfaces}), any(not a.interfaces for a in ads))
+        except Exception as exc:  # noqa: BLE001 - a report only: it never stops the decision
+            logs.event(log, "interfaceWatchFailed", f"{type(exc).__name__}: {exc}"[:300], logging.ERROR)
+
     def _group_failed(self, cls: Any, entries: Any, rows: list, changed: list, announce: dict, lo: set,
                       exc: Exception) -> None:
         """One group of VIPs failed in ``apply``: keep what this node announced of it (its peers still elect
@@ -754,6 +775,7 @@ class L2Mode:
                 "announced": sorted(self._announced) if len(self._announced) <= 1000 else len(self._announced),
                 "forwarding": fwd,
                 "responder": getattr(self.announcer, "responder_status", dict)(),  # answer: alarm when not up
+                "interfaces": getattr(self.announcer, "interface_report", dict)(),  # issue 20 part 6
                 "quorum": self.quorum(), "wire": self.wire.status(),
                 "applies": self.applies, "lastApplyMs": self.last_apply_ms,
                 "recentApplies": [list(a) for a in self.recent_applies]}
@@ -873,7 +895,8 @@ class L2Mode:
         try:
             if hasattr(self.announcer, "vip_states"):  # the L2Announcer: states only, no counters copied
                 states, found = self.announcer.vip_states()
-                return L2View(states, {c["ip"]: c for c in found})
+                nowhere = self.announcer.unanswered() if hasattr(self.announcer, "unanswered") else frozenset()
+                return L2View(states, {c["ip"]: c for c in found}, nowhere=nowhere)
             vips = self.announcer.stats().get("vips", {})
             conflicts = {c["ip"]: c for c in self.announcer.conflicts()}
         except (AttributeError, KeyError, TypeError):  # an announcer without stats(): trust the election
