@@ -87,6 +87,9 @@ class ActionModule(ActionBase):
         me = task_vars.get("inventory_hostname")
         hostvars = task_vars.get("hostvars") or {}
         for host in hosts:
+            if host != me and host not in hostvars:
+                errors.setdefault(f"{host} is not a host of the inventory", [])
+                continue
             view = task_vars if host == me else hostvars[host]
             names = [str(n) for n in view]
             for name in sorted(n for n in names if n in options):

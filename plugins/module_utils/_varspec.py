@@ -41,6 +41,8 @@ from .healthcheck import parse_health_check
 SHOW_MAX = 80
 #: difflib's similarity cutoff for "did you mean".
 CLOSE = 0.6
+#: Variables whose value no message shows.
+SECRETS = frozenset({"nocloudlb_gossip_key", "keepalived_auth_pass", "router_password"})
 
 
 class Problem(Exception):
@@ -185,9 +187,12 @@ class VarSpec:
         self.forms = dict(FORMS if forms is None else forms)
 
     def check(self, name: str, value: Any) -> tuple[Any, list[str]]:
-        """(normalized value, errors) for the variable ``name``; errors are whole sentences."""
+        """(normalized value, errors) for the variable ``name``; errors are whole sentences.
+        The value of a secret (SECRETS) is never shown."""
         errors: list[str] = []
         out = self._option(native(value), self.options[name], name, [name], None, errors)
+        if name in SECRETS and errors:
+            errors = [f"{name}: not a {self.options[name].get('type', 'str')} (the value is not shown, it is a secret)"]
         return out, errors
 
     def _option(self, value: Any, spec: Mapping[str, Any], where: str, path: list[str], parent: Any,

@@ -51,27 +51,24 @@ notes:
   - Run it once (C(run_once=true)); it checks all the hosts itself. It needs no connection.
 seealso:
   - module: nocloud.loadbalancer.pool_validate
+author:
+  - nocloud.loadbalancer developers (@nocloud)
 """
 
 EXAMPLES = r"""
-- name: Check the inventory before any host is contacted
-  hosts: speakers
-  gather_facts: false
-  tasks:
-    - name: Check the speakers' nocloudlb variables
-      nocloud.loadbalancer.vars_check:
-      run_once: true
+# In a first play over the nodes with gather_facts false, so nothing is contacted before it
+- name: Check the nodes' nocloudlb variables (and the keepalived role's, for keepalived.yml)
+  nocloud.loadbalancer.vars_check:
+    roles: [speaker, keepalived]
+  run_once: true
 
-- name: Check a playbook's -e variables
-  hosts: localhost
-  gather_facts: false
-  tasks:
-    - name: Check -e target and -e state
-      nocloud.loadbalancer.vars_check:
-        hosts: []
-        extra_vars:
-          target: {type: str, required: true, description: "the nodes to drain, -e target=NODE"}
-          state: {type: str, choices: [drained, undrained]}
+# In a first play on localhost: a playbook's own -e variables
+- name: Check -e target and -e state
+  nocloud.loadbalancer.vars_check:
+    hosts: []
+    extra_vars:
+      target: {type: str, required: true, description: "the nodes to drain, -e target=NODE"}
+      state: {type: str, choices: [drained, undrained]}
 """
 
 RETURN = r"""

@@ -45,7 +45,7 @@ def test_ansible_tagged_values_show_no_internal_type_name(spec):
     assert type(tagged[0]["ports"]).__name__.startswith("_Ansible")
     _out, errors = spec.check("nocloudlb_services", tagged)
     assert errors == ["nocloudlb_services[0] (name: web): ports[0]: 70000 is not a port number (1-65535)"]
-    assert "_Ansible" not in repr(native(tagged)) and type(native(tagged)[0]["name"]) is str
+    assert "_Ansible" not in repr(native(tagged)) and type(native(tagged)[0]["name"]).__name__ == "str"
 
 
 def test_messages_name_variable_item_key_and_value(spec):
@@ -64,3 +64,9 @@ def test_closest_and_unknown_variables():
 def test_show_is_short_and_yaml_like():
     assert show({"a": [1, True, None]}) == "{a: [1, true, null (nothing)]}"
     assert len(show("x" * 500)) == 80
+
+
+def test_a_secret_is_never_shown():
+    spec = VarSpec({"nocloudlb_gossip_key": {"type": "str"}})
+    _out, errors = spec.check("nocloudlb_gossip_key", {"k": "c2VjcmV0"})
+    assert errors == ["nocloudlb_gossip_key: not a str (the value is not shown, it is a secret)"]
