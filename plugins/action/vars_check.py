@@ -9,6 +9,7 @@ play can refuse a bad inventory or a bad ``-e`` before any host is contacted.
 
 from __future__ import annotations
 
+import json
 import os
 
 import yaml
@@ -20,6 +21,7 @@ from ansible_collections.nocloud.loadbalancer.plugins.module_utils._varspec impo
     PLAYBOOK_VARIABLES,
     VarSpec,
     closest,
+    native,
     unknown_variables,
 )
 
@@ -84,6 +86,7 @@ class ActionModule(ActionBase):
         warnings: dict[str, list[str]] = {}
         skipped: dict[str, list[str]] = {}
         checker = VarSpec(options)
+        seen: dict[tuple[str, str], list[str]] = {}
         me = task_vars.get("inventory_hostname")
         hostvars = task_vars.get("hostvars") or {}
         for host in hosts:
@@ -95,7 +98,10 @@ class ActionModule(ActionBase):
             for name in sorted(n for n in names if n in options):
                 try:
                     value = self._templar.template(view[name]) if view is task_vars else view[name]
-                    _out, found = checker.check(name, value)
+                    key = (name, json.dumps(native(value), sort_keys=True, default=str))
+                    if key not in seen:  # group_vars: every host has the same value, checked once
+                        seen[key] = checker.check(name, value)[1]
+                    found = seen[key]
                 except Exception:  # pylint: disable=broad-exception-caught
                     # templated from something not known yet (facts, a later task): checked by the role
                     skipped.setdefault(name, []).append(host)
