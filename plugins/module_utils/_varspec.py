@@ -226,9 +226,9 @@ class VarSpec:
 
     def _list(self, value: Any, spec: Mapping[str, Any], where: str, path: list[str], errors: list[str]) -> list:
         elements = spec.get("elements", "raw")
-        if isinstance(value, dict) and elements == "dict":
+        if isinstance(value, dict) and (elements == "dict" or self.forms.get(_pattern([*path, "[]"]))):
             raise Problem(f"{show(value)} is a single mapping, not a list: write it as a one-item list (- {{...}})")
-        if isinstance(value, dict) and not self.forms.get(_pattern([*path, "[]"])):
+        if isinstance(value, dict):
             raise Problem(f"{show(value)} is not a list")
         if isinstance(value, str) and elements == "dict":
             keys = ", ".join(sorted(spec.get("options") or {}))

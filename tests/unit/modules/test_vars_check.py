@@ -60,6 +60,8 @@ BAD: list[tuple[dict, list[str]]] = [
      ["nocloudlb_services[0] (name: web): ports[0]: 70000 is not a port number (1-65535)"]),
     ({"nocloudlb_services": [{"name": "web", "ips": "198.51.100.201"}]},
      ["nocloudlb_services[0] (name: web): ports is required"]),
+    ({"nocloudlb_services": [{"name": "dns", "ports": {"port": 53, "protocol": "UDP"}}]},
+     ["nocloudlb_services[0] (name: dns): ports: {port: 53, protocol: 'UDP'} is a single mapping, not a list"]),
     ({"nocloudlb_services": [{"name": "dns", "ports": [{"port": 53, "protocol": "udp"}]}]},
      ["nocloudlb_services[0] (name: dns): ports[0]: protocol: 'udp' is not one of TCP, UDP, SCTP",
       "(did you mean 'UDP'?)"]),
@@ -110,7 +112,7 @@ GOOD = {"nocloudlb_pools": [{"name": "web4", "addresses": "198.51.100.200-198.51
         "nocloudlb_l2_advertisements": [{"name": "lan", "interfaces": "eth0", "pools": "web4"}],
         "nocloudlb_services": [{"name": "web", "ports": 443, "ips": "198.51.100.201", "traffic_policy": "Local",
                                 "health_check": "tcp://127.0.0.1:443"},
-                               {"name": "dns", "ports": {"port": 53, "protocol": "UDP"}, "ip_families": "IPv4"}],
+                               {"name": "dns", "ports": [{"port": 53, "protocol": "UDP"}], "ip_families": "IPv4"}],
         "nocloudlb_memberlist_overrides": {"probeInterval": 0.2}, "nocloudlb_watchdog_sec": "12"}
 
 # (playbook, -e arguments, fragments of the refusal, fragments of a warning or None)
@@ -141,7 +143,8 @@ def runner(tmp_path_factory):
     (collections / "ansible_collections" / "nocloud").mkdir(parents=True)
     (collections / "ansible_collections" / "nocloud" / "loadbalancer").symlink_to(ROOT, target_is_directory=True)
     home = tmp_path_factory.mktemp("home")
-    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(collections), ANSIBLE_HOME=str(home),
+    env = dict(os.environ, SPEAKER_SPEC=str(ROOT / "roles" / "speaker" / "meta" / "argument_specs.yml"),
+               ANSIBLE_COLLECTIONS_PATH=str(collections), ANSIBLE_HOME=str(home),
                ANSIBLE_LOCAL_TEMP=str(home / "tmp"), ANSIBLE_NOCOLOR="1", ANSIBLE_LOCALHOST_WARNING="False",
                ANSIBLE_INVENTORY_UNPARSED_WARNING="False", ANSIBLE_HOST_KEY_CHECKING="False",
                ANSIBLE_DISPLAY_ARGS_TO_STDOUT="False", ANSIBLE_FORCE_COLOR="0", COLUMNS="400",
@@ -240,18 +243,26 @@ CHECK_ONLY = """\
         roles: [speaker, keepalived]
       run_once: true
       register: checked
+    - name: The speaker role's own argument validation (as it runs when the role starts) passes too
+      ansible.builtin.validate_argument_spec:
+        argument_spec: "{{ (lookup('ansible.builtin.file', spec) | from_yaml).argument_specs.main.options }}"
+      vars:
+        spec: "{{ lookup('ansible.builtin.env', 'SPEAKER_SPEC') }}"
     - name: Show what was checked
       ansible.builtin.debug:
         msg: "{{ checked | to_json }}"
 """
 
 
-def test_the_project_inventories_pass(runner, tmp_path):
+def test_the_project_inventories_and_the_short_forms_pass(runner, tmp_path):
     playbook = tmp_path / "check.yml"
     playbook.write_text(CHECK_ONLY)
     assert len(INVENTORIES) >= 6
-    for source in INVENTORIES:
-        inv = tmp_path / source.relative_to(ROOT).as_posix().replace("/", "_")
+    short = tmp_path / "short-forms"
+    (short / "group_vars").mkdir(parents=True)
+    (short / "group_vars" / "speakers.yml").write_text(yaml.safe_dump(GOOD))
+    for source in [*INVENTORIES, short]:
+        inv = tmp_path / (source.relative_to(ROOT).as_posix().replace("/", "_") if source != short else "short")
         shutil.copytree(source / "group_vars", inv / "group_vars")
         host = dict(TRIPWIRE, ansible_host="192.0.2.10", lab_ipv4="198.51.100.11")
         (inv / "hosts.yml").write_text(yaml.safe_dump({"all": {"children": {
