@@ -228,6 +228,27 @@ def test_bad_extra_vars_are_refused_before_any_host_is_contacted(runner, tmp_pat
         assert any(fragment in line for line in messages(out)), out
 
 
+# (playbook, -e arguments, the play that must start after the check: it contacts the host, the tripwire fails it)
+VALID: list[tuple[str, list[str], str]] = [
+    ("drain.yml", ["-e", "target=case00"], "PLAY [Drain or undrain nocloudlb nodes]"),
+    ("drain.yml", ["-e", "target=speakers", "-e", "state=undrained", "-e", "grace_period=1.5"],
+     "PLAY [Drain or undrain nocloudlb nodes]"),
+    ("rolling-restart.yml", ["-e", "maintenance=none"], "PLAY [Restart nocloudlb nodes one at a time]"),
+    ("migrate-to-speaker.yml", ["-e", "service=prod/web"], "PLAY [Move from keepalived to the speaker]"),
+    ("site.yml", ["-e", "nocloudlb_watchdog_sec=12"], "PLAY [Deploy the nocloudlb speakers]"),
+]
+
+
+@pytest.mark.parametrize("playbook,args,next_play", VALID, ids=[f"{p} {' '.join(a)}" for p, a, _n in VALID])
+def test_valid_extra_vars_pass_the_check(runner, tmp_path, playbook, args, next_play):
+    inv = inventory(tmp_path / "hosts.yml", {"case00": dict(GOOD, ansible_host="192.0.2.10")})
+    proc = runner(PLAYBOOKS / playbook, inv, *args)
+    out = proc.stdout + proc.stderr
+    clean(out)
+    assert next_play in out and "no-host-may-be-contacted" in out, out  # the check passed; then the tripwire
+    assert "[WARNING]: -e" not in out and "The variables are not valid" not in out, out
+
+
 # -- the inventories the project runs pass -----------------------------------------------------------
 
 INVENTORIES = sorted(p.parent for p in ROOT.glob("molecule/*/inventory/group_vars")) + [
