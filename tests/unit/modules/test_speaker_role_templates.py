@@ -67,6 +67,11 @@ def test_friendly_forms_become_metallb_documents(run):
     assert svcs["dns"]["spec"]["ports"] == [{"port": 53, "protocol": "UDP"}]
     assert svcs["web6"]["spec"]["ipFamilies"] == ["IPv6"]
     assert svcs["other"]["spec"]["loadBalancerClass"] == "example.com/other"
+    # the short forms: one port number, one address, one string where a list is expected
+    assert svcs["single"]["spec"]["ports"] == [{"port": 8443, "protocol": "TCP"}]
+    assert svcs["single"]["metadata"]["annotations"]["metallb.io/loadBalancerIPs"] == "198.51.100.227"
+    assert svcs["single"]["spec"]["ipFamilies"] == ["IPv4"]
+    assert pools["web6"] == {"addresses": ["2001:db8:1::200/125"]}
 
 
 def test_allocation_honours_sharing_requests_and_families(run):
@@ -74,6 +79,7 @@ def test_allocation_honours_sharing_requests_and_families(run):
     got = tasks["Allocate"]["assignments"]
     assert got["prod/web"] == got["prod/web-alt"]
     assert got["default/fixed"] == ["198.51.100.226"]
+    assert got["default/single"] == ["198.51.100.227"]
     assert got["prod/web6"][0].startswith("2001:db8:1::")
     assert "default/other" not in got
 
