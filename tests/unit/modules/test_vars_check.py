@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .conftest import ROOT
+from .conftest import ROOT, collections_dir
 
 BIN = Path(sys.executable).parent
 PLAYBOOKS = ROOT / "playbooks"
@@ -139,9 +139,7 @@ def clean(text: str) -> None:
 
 @pytest.fixture(scope="module")
 def runner(tmp_path_factory):
-    collections = tmp_path_factory.mktemp("collections")
-    (collections / "ansible_collections" / "nocloud").mkdir(parents=True)
-    (collections / "ansible_collections" / "nocloud" / "loadbalancer").symlink_to(ROOT, target_is_directory=True)
+    collections = collections_dir()
     home = tmp_path_factory.mktemp("home")
     env = dict(os.environ, SPEAKER_SPEC=str(ROOT / "roles" / "speaker" / "meta" / "argument_specs.yml"),
                ANSIBLE_COLLECTIONS_PATH=str(collections), ANSIBLE_HOME=str(home),
