@@ -85,7 +85,10 @@ docs-check: deps venv
 
 # Each step runs as `make STEP` through scripts/run-steps.py, which ends with a
 # table of what ran, passed and took how long (the steps' output streams as it comes).
-TEST_STEPS := lint docs-check unit fuzz sanity netns labtests install-test $(addprefix molecule-,$(SCENARIOS)) chaos-short
+# `unit+lint+docs-check+fuzz` run side by side on two cores (unit in one, the three short
+# checks one after another in the other); sanity runs alone because ansible-test
+# --requirements may install into the venv the others run from.
+TEST_STEPS := unit+lint+docs-check+fuzz sanity netns labtests install-test $(addprefix molecule-,$(SCENARIOS)) chaos-short
 test: deps venv
 	$(PY) scripts/run-steps.py --title "make test" $(TEST_STEPS)
 

@@ -12,6 +12,12 @@ excerpt that names a failure (ansible's ``fatal:``/``[ERROR]: Task failed``,
 pytest's ``E`` and ``FAILED`` lines, tracebacks) and the last one; a tool's own
 closing ``ERROR`` lines (molecule, ansible-test) only when nothing named a failure.
 Exit status: 0 when every step passed, else 1.
+
+A STEP written ``a+b+c`` is a group: its steps run side by side, at most ``--jobs``
+(default 2) at a time, in the order given (a CPU-bound step beside a chain of short
+ones uses both cores of a small machine). Each one's output is printed whole when it
+ends, and each keeps its own row and time in the table; the group's wall-clock time
+is printed after it. A failing step in a group stops the run after the group.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -50,7 +57,8 @@ def fmt_time(s: float) -> str:
     return f"{int(s // 60)} m {int(s % 60):02d} s" if s >= 60 else f"{s:.0f} s"
 
 
-def run_step(step: str) -> tuple[int, float, list[str], list[str]]:
+def run_step(step: str, out=None) -> tuple[int, float, list[str], list[str]]:
+    """Run ``make STEP``; its lines go to stdout as they come, or into the list ``out``."""
     t0 = time.monotonic()
     notes: list[str] = []
     # [first, last] excerpt of the lines that named a failure, and of the weak ones
@@ -63,8 +71,11 @@ def run_step(step: str) -> tuple[int, float, list[str], list[str]]:
                             stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1)
     assert proc.stdout is not None
     for line in proc.stdout:
-        sys.stdout.write(line)
-        sys.stdout.flush()
+        if out is None:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+        else:
+            out.append(line)
         plain = ANSI.sub("", line).strip().lstrip("│ ").strip()
         short = ANSI.sub("", line).rstrip()
         short = short if len(short) <= WHY_WIDTH else short[:WHY_WIDTH] + " [...]"
@@ -92,6 +103,36 @@ def run_step(step: str) -> tuple[int, float, list[str], list[str]]:
     return rc, time.monotonic() - t0, notes, lines if rc else []
 
 
+def run_group(steps: list[str], jobs: int, title: str) -> list[tuple[int, float, list[str], list[str]]]:
+    """Run ``steps`` side by side, at most ``jobs`` at a time in the order given; each one's output is
+    printed whole when it ends (the printing is serialised)."""
+    results: dict[int, tuple[int, float, list[str], list[str]]] = {}
+    todo = list(enumerate(steps))
+    lock = threading.Lock()
+
+    def lane() -> None:
+        while True:
+            with lock:
+                if not todo:
+                    return
+                i, step = todo.pop(0)
+            lines: list[str] = []
+            res = run_step(step, lines)
+            with lock:
+                results[i] = res
+                print(f"\n===== {title}: make {step} ended ({'passed' if res[0] == 0 else f'exit {res[0]}'},"
+                      f" {fmt_time(res[1])}); its output:", flush=True)
+                sys.stdout.write("".join(lines))
+                sys.stdout.flush()
+
+    threads = [threading.Thread(target=lane) for _lane in range(max(1, min(jobs, len(steps))))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return [results[i] for i in range(len(steps))]
+
+
 def table(rows: list[list[str]], color: bool = False) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     out = []
@@ -110,21 +151,31 @@ def main() -> int:
     ap.add_argument("--title", default="steps")
     ap.add_argument("--keep-going", action="store_true")
     ap.add_argument("--json", help="also write the results here")
+    ap.add_argument("--jobs", type=int, default=2, help="steps of a group (a+b) run at once (default 2)")
     a = ap.parse_args()
     color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
     results: list[dict] = []
     t0 = time.monotonic()
     stop = False
-    for i, step in enumerate(a.steps, 1):
+    for i, spec in enumerate(a.steps, 1):
+        group = [g for g in spec.split("+") if g]
         if stop:
-            results.append({"step": step, "result": "not run", "seconds": 0.0, "notes": [], "why": []})
+            results += [{"step": step, "result": "not run", "seconds": 0.0, "notes": [], "why": []} for step in group]
             continue
-        print(f"\n===== {a.title}: step {i}/{len(a.steps)}: make {step}", flush=True)
-        rc, secs, notes, why = run_step(step)
-        results.append({"step": step, "result": "passed" if rc == 0 else f"failed (exit {rc})",
-                        "seconds": round(secs, 1), "notes": notes, "why": why})
-        if rc != 0 and not a.keep_going:
-            stop = True
+        if len(group) == 1:
+            print(f"\n===== {a.title}: step {i}/{len(a.steps)}: make {group[0]}", flush=True)
+            ran = [run_step(group[0])]
+        else:
+            g0 = time.monotonic()
+            print(f"\n===== {a.title}: step {i}/{len(a.steps)}: make {', '.join(group)}, side by side "
+                  f"({min(a.jobs, len(group))} at a time; each one's output when it ends)", flush=True)
+            ran = run_group(group, a.jobs, a.title)
+            print(f"\n===== {a.title}: {', '.join(group)} took {fmt_time(time.monotonic() - g0)} together", flush=True)
+        for step, (rc, secs, notes, why) in zip(group, ran, strict=True):
+            results.append({"step": step, "result": "passed" if rc == 0 else f"failed (exit {rc})",
+                            "seconds": round(secs, 1), "notes": notes, "why": why})
+            if rc != 0 and not a.keep_going:
+                stop = True
     total = time.monotonic() - t0
     passed = sum(r["result"] == "passed" for r in results)
     ok = passed == len(results)

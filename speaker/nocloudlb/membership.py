@@ -23,8 +23,9 @@ are giving them back while this node, in its own view, never lost them:
   the event thread's wake-ups were ``pause_threshold`` seconds late.
 
 A heal also starts an anti-entropy push-pull (``Cluster.join([addr])``) with the member that
-came back (after a pause: with every member), in the background. A merge can be one-sided:
-the isolated node hears its peers refute the deaths it gossiped and sees them alive, while
+came back from dead or left, or joined (after a pause: with every member), in the background; only
+the few members healsync.py pairs with it do, never every member (that was a suspicion storm).
+A merge can be one-sided: the isolated node hears its peers refute the deaths it gossiped and sees them alive, while
 they still hold it dead (nothing tells it so until the next periodic push-pull, 30 s away)
 and both sides announce its VIPs. Exchanging full states at once makes it hear the rumour of
 its death, refute it, and be taken back: the cluster agrees again within a round trip.
@@ -33,7 +34,8 @@ A full partition (a leader's switch port down long enough that each side declare
 dead) would otherwise heal only by kinship's periodic reconnect and push-pull, tens of seconds
 during which both sides answer for the same VIPs. So every member this node holds dead (not
 left) gets a push-pull attempt every ``RECONNECT_FAST`` s for ``RECONNECT_FAST_FOR`` s after it
-died, then every ``RECONNECT_SLOW`` s: a healed link merges the cluster within about a second.
+died from the members healsync.py pairs with it (every ``RECONNECT_SLOW`` s from the others, and
+after that time): a healed link merges the cluster within about a second.
 An attempt at a really dead node costs one refused (or timed out) TCP connection.
 """
 
@@ -53,6 +55,7 @@ from typing import Any
 import kinship
 from kinship.blocking import Cluster
 
+from .healsync import heal_sync
 from .logs import event
 
 #: Timing profiles. Gossip (kinship) declares members dead; direct heartbeats (heartbeat.py)
@@ -243,6 +246,7 @@ class Membership:
         self._synced: dict[str, float] = {}  # member name -> when we last push-pulled with it after a heal
         self._syncing: set[str] = set()  # push-pulls in flight
         self._dead_since: dict[str, float] = {}  # members held dead -> monotonic time we saw them die
+        self._gone: set[str] = set()  # members held dead or left: their return is a heal that needs an exchange
         self._next_reconnect = 0.0
         self.log = logger or logging.getLogger("nocloudlb.membership")
         self.cluster: Cluster | None = None
@@ -413,15 +417,26 @@ class Membership:
         if isinstance(ev, kinship.MemberJoined) and self.join_state != "joined":
             self._joined()
         self.on_change()
+        was_gone = False
         with self._lock:
             if isinstance(ev, kinship.MemberDead):
                 self._dead_since.setdefault(member.name, time.monotonic())
             elif isinstance(ev, (kinship.MemberJoined, kinship.MemberRecovered, kinship.MemberLeft)):
                 self._dead_since.pop(member.name, None)
+            if isinstance(ev, (kinship.MemberDead, kinship.MemberLeft)):
+                self._gone.add(member.name)
+            elif isinstance(ev, (kinship.MemberJoined, kinship.MemberRecovered)):
+                was_gone = member.name in self._gone
+                self._gone.discard(member.name)
         if member.name != self.settings.name and isinstance(ev, (kinship.MemberJoined, kinship.MemberRecovered)):
             self._heal("memberJoined" if isinstance(ev, kinship.MemberJoined) else "memberRecovered", member.name)
-            if self.first_join_done.is_set():
-                self._sync([_view(member)])
+            # an exchange only after a join or a return from dead or left (a refuted suspicion: nobody held it
+            # dead), and only between the few members healsync.py pairs: never one per member (a storm)
+            if self.first_join_done.is_set() and (isinstance(ev, kinship.MemberJoined) or was_gone):
+                alive = [m.name for m in self.members() if m.state == "alive"]
+                if heal_sync(self.settings.name, member.name, alive):
+                    # not again if the reconnect that healed it exchanged with it moments ago
+                    self._sync([_view(member)], every=RECONNECT_SLOW / 2)
 
     def _reconnect_dead(self, now: float) -> None:
         """Push-pull with the members held dead that are due (see the module docstring)."""
@@ -430,12 +445,19 @@ class Membership:
         if not dead:
             return
         due = []
-        for m in self.members():
+        members = self.members()
+        alive = [m.name for m in members if m.state == "alive"]
+        for m in members:
             since = dead.get(m.name)
             if since is None or m.state != "dead" or m.name == self.settings.name:
                 continue
-            every = RECONNECT_FAST if now - since < RECONNECT_FAST_FOR else RECONNECT_SLOW
-            if now - self._synced.get(m.name, -1e9) >= every:
+            # every RECONNECT_FAST s only from the few members paired with it (healsync.py): a member held
+            # dead by all that comes back meets about 2k exchanges at once, not one per member
+            fast = now - since < RECONNECT_FAST_FOR and heal_sync(self.settings.name, m.name, alive)
+            every = RECONNECT_FAST if fast else RECONNECT_SLOW
+            # the others' first attempt comes RECONNECT_SLOW s after the death, not at once with the pairs'
+            last = self._synced.get(m.name, -1e9) if fast else max(self._synced.get(m.name, -1e9), since)
+            if now - last >= every:
                 due.append(m)
         self._sync(due, every=0.0)
 

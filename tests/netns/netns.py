@@ -302,10 +302,11 @@ def _wait_carrier(seg: Segment, timeout: float = 5.0) -> None:
 class L2Agent:
     """``python -m nocloudlb.l2 serve`` running in a namespace, driven over stdin/stdout JSON lines."""
 
-    def __init__(self, seg: Segment, ns: str, node: str = "n1", **options) -> None:
+    def __init__(self, seg: Segment, ns: str, node: str = "n1", member_macs: Sequence[str] = (), **options) -> None:
         self.seg, self.ns = seg, ns
+        members = [a for m in member_macs for a in ("--member-mac", m)]
         self.proc = seg.popen(ns, [sys.executable, "-u", "-m", "nocloudlb.l2", "serve", "--node", node,
-                                   "--options", json.dumps(options)], stdin=subprocess.PIPE)
+                                   "--options", json.dumps(options), *members], stdin=subprocess.PIPE)
         first = self._read(timeout=20)
         if not first.get("ready"):
             raise NetnsError(f"l2 agent in {ns} did not start: {first}")

@@ -302,6 +302,43 @@ def test_skip_check_announces_immediately(lab):
     assert list(who_has(seg, VIP4, count=2, wait=0.3)) == [n1.mac]
 
 
+def test_check_waits_for_a_member_still_answering_then_announces_at_its_silence(lab):
+    """Take-back from a member that holds the address now (a restarted node preempting, a VIP taken back
+    after a false suspicion): the member's answers are a handover, not a conflict, and the new owner
+    announces only once the member is silent, so the two never answer at once. A member that never
+    stops is outwaited after ``member_wait`` seconds (the daemon's wire rule decides then)."""
+    seg = lab
+    n1, n2 = seg.hosts[0], seg.hosts[1]
+    old = L2Agent(seg, n2.ns, "n2")
+    old.set({VIP4: [], VIP6: []}, skip_check=[VIP4, VIP6])
+    new = L2Agent(seg, n1.ns, "n1", member_macs=[n2.mac], member_wait=30.0)
+    new.set({VIP4: [], VIP6: []})
+    time.sleep(1.2)  # four check rounds: the member answered each one
+    st = new.stats()
+    assert {ip: st["vips"][ip]["state"] for ip in (VIP4, VIP6)} == {VIP4: "checking", VIP6: "checking"}, st["vips"]
+    assert st["member_waits"] >= 4 and new.conflicts() == [], st
+    seen = who_has_many(seg, [VIP4, VIP6], count=2, wait=0.3)
+    assert list(seen[VIP4]) == [n2.mac] and list(seen[VIP6]) == [n2.mac], seen
+    t0 = time.monotonic()
+    old.set({})  # the member hands over
+    new.wait_state(VIP4, "announcing", timeout=3)
+    new.wait_state(VIP6, "announcing", timeout=3)
+    took = time.monotonic() - t0
+    assert took < 2.0, took  # the next check round after its silence (0.3 s on an idle machine)
+    assert list(who_has(seg, VIP4, count=2, wait=0.3)) == [n1.mac]
+    assert new.conflicts() == []
+    new.stop()
+
+    # a member that keeps answering: announced anyway after member_wait, no conflict recorded
+    new = L2Agent(seg, n1.ns, "n1", member_macs=[n2.mac], member_wait=1.0)
+    old.set({VIP4B: []}, skip_check=[VIP4B])
+    t0 = time.monotonic()
+    new.set({VIP4B: []})
+    new.wait_state(VIP4B, "announcing", timeout=5)
+    assert 0.9 <= time.monotonic() - t0 < 4.0, time.monotonic() - t0
+    assert new.conflicts() == [] and new.stats()["member_waits"] >= 2
+
+
 def test_probe_reports_every_mac_with_latency(lab):
     seg = lab
     n1, n2 = seg.hosts[0], seg.hosts[1]

@@ -93,10 +93,12 @@ def cut_off_and_heal(c: SpeakerCluster, vips: dict[str, str], cap: Capture, cut,
     # back by re-announcing (in its own view it never lost the VIP) or, when it yielded the VIP after
     # the cut, by announcing it afresh: the heartbeats told it that the others suspected it
     # (suspectedByPeer), or, thawed with a stale view, it had no quorum (noQuorum) or saw the interim
-    # owner's gratuitous ARP first (yieldedOnWire; docs/concepts.md, "When nodes disagree")
+    # owner's gratuitous ARP first (yieldedOnWire; docs/concepts.md, "When nodes disagree"), or its own link
+    # went down and it had no interface to announce on (noUsableInterface, the ``host`` case)
     reann = [e for e in c.events(first, "serviceReannounced") if e["ts"] >= _iso(t_heal - 1) and ip in e["ips"]]
     yielded = [e for e in c.events(first, "serviceWithdrawn") if e["ip"] == ip and e["ts"] >= _iso(t_cut - 1)
-               and e.get("reason") in ("suspectedByPeer", "noQuorum", "yieldedOnWire", "quorumSettling")]
+               and e.get("reason") in ("suspectedByPeer", "noQuorum", "yieldedOnWire", "quorumSettling",
+                                       "noUsableInterface")]
     fresh = [e for e in c.events(first, "serviceAnnounced") if e["ip"] == ip and e["ts"] >= _iso(t_heal - 1)]
     others = [e for e in c.events(first, "serviceWithdrawn") if e["ip"] == ip and e["ts"] >= _iso(t_cut - 1)]
     assert reann or (yielded and fresh), (reann, yielded, fresh, others)

@@ -71,7 +71,7 @@ def test_watch_marks_the_change_of_owner_with_its_time(running):
     ip = next(ip for ip, leader in vips.items() if leader == "n1")
     after = election_order(["n2", "n3"], ip)[0]
     argv = [sys.executable, "-m", "nocloudlb.cli", "status", "--socket", c.sock(after), "--watch",
-            "--interval", "0.2", "--count", "150"]
+            "--interval", "0.2", "--count", "40"]
     proc = c.seg.popen(c.host(after).ns, argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     time.sleep(1.5)  # the first table is drawn
     t_kill = c.stop("n1", signal.SIGKILL)

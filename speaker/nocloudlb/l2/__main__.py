@@ -1,6 +1,6 @@
 """Run the layer-2 responder alone, driven by JSON lines on stdin (for tests and debugging).
 
-    python -m nocloudlb.l2 serve [--node N] [--options JSON]
+    python -m nocloudlb.l2 serve [--node N] [--options JSON] [--member-mac MAC ...]
         stdin:  {"cmd": "set", "vips": {"198.51.100.200": []}, "skip_check": []}
                 {"cmd": "stats"} | {"cmd": "conflicts"} | {"cmd": "quit"}
                 {"cmd": "lease", "seconds": S}: renew the answering lease for S seconds (0: let it run out now)
@@ -52,7 +52,9 @@ def _serve(args: argparse.Namespace) -> int:
     log = logging.getLogger("nocloudlb.l2")
     log.addHandler(handler)
     log.setLevel(logging.INFO)
-    ann = L2Announcer(args.node, log, **json.loads(args.options))
+    members = {bytes.fromhex(m.replace(":", "")) for m in args.member_mac}
+    ann = L2Announcer(args.node, log, is_peer_mac=(members.__contains__ if members else None),
+                      **json.loads(args.options))
     ann.start()
     print(json.dumps({"ok": True, "ready": True}), flush=True)
     try:
@@ -95,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("serve")
     s.add_argument("--node", default="n1")
     s.add_argument("--options", default="{}", help="L2Announcer keyword arguments as JSON")
+    s.add_argument("--member-mac", action="append", default=[], metavar="MAC",
+                   help="a cluster member's MAC: its answers during a check are a handover (repeatable)")
     p = sub.add_parser("probe")
     p.add_argument("ip")
     p.add_argument("-i", "--iface")

@@ -25,6 +25,8 @@ Lifecycle of an address given to ``set_announced``::
       │                  ``check_interval`` apart, then listen ``check_wait``)
       │           ├─ another MAC answered ─► conflict (logged, counted, in conflicts();
       │           │                            re-checked every ``conflict_retry`` s, never fought)
+      │           ├─ a member's MAC answered ─► probe again, until a probe meets silence
+      │           │                             or ``member_wait`` s from the check's start
       │           └─ silence ─► announcing
       └─ ip in skip_check ─────────────────► announcing
     announcing: answer requests; gratuitous ARP (request + reply form) / unsolicited NA with
@@ -39,6 +41,15 @@ it), checking would either cost failover time (dead owner: nobody answers, ~0.3 
 or find the old leader still answering during a graceful handover and wrongly call it a
 conflict. The daemon knows which case it is in, so it passes those addresses in
 ``skip_check``.
+
+Why a member's answer is waited out: the check also runs when this node takes an address back from
+a member that holds it now (a restarted node preempting the member that took over, or a VIP taken
+back after a false suspicion). That member stops answering once it hears this node again, at about
+the moment this node decides; announcing at once would let both answer for a few milliseconds. So
+the check repeats its last probe while a member (``is_peer_mac``) answers, and announces at the
+first silence: the member hands over first, then this node takes. The member serves meanwhile, so
+nothing is lost. After ``member_wait`` seconds it announces anyway (a member that does not hear this
+node keeps answering; the daemon's wire rule, l2/disagree.py, decides which of the two yields).
 
 The lease (lease.py). Answers and gratuitous frames happen only while the lease the daemon renews
 (``renew_lease``, a plain store into a shared memory page, from any thread) has not run out: the
@@ -154,6 +165,8 @@ class _Vip:
     conflict: dict | None = None
     probe_no: int = 0
     probes_pending: int = 0
+    check_started: float = 0.0
+    member_answered: bool = False  # a member's MAC answered a probe of this check round
     series: int = 0  # the gratuitous schedule in force; a re-announcement starts a new one
 
 
@@ -174,6 +187,7 @@ class L2Announcer:
         burst: int = 200,
         rescan_interval: float = 5.0,
         conflict_retry: float = 30.0,
+        member_wait: float = 2.0,
         max_queue: int = 65536,
         registry: CollectorRegistry | None = REGISTRY,
         is_peer_mac: Callable[[bytes], bool] | None = None,
@@ -183,6 +197,7 @@ class L2Announcer:
         for name, value, low in [("check_probes", check_probes, 0), ("garp_rounds", garp_rounds, 1),
                                  ("rate", rate, 1), ("burst", burst, 1), ("check_interval", check_interval, 0),
                                  ("check_wait", check_wait, 0), ("garp_interval", garp_interval, 0.01),
+                                 ("member_wait", member_wait, 0),
                                  ("rescan_interval", rescan_interval, 0.1)]:
             if value < low:
                 raise ValueError(f"L2Announcer: {name} must be >= {low}, got {value!r}")
@@ -205,6 +220,8 @@ class L2Announcer:
         self.burst = burst
         self.rescan_interval = rescan_interval
         self.conflict_retry = conflict_retry
+        self.member_wait = member_wait
+        self.member_waits = 0  # probes repeated because a member still answered (stats()["member_waits"])
         self.max_queue = max(16, int(max_queue))
         self.metrics = l2_metrics(registry)
 
@@ -485,6 +502,7 @@ class L2Announcer:
                 "vips": {ip: {"state": v.state, "interfaces": sorted(v.ifaces)} for ip, v in self._vips.items()},
                 "announced": {ip: sorted(v.ifaces) for ip, v in self._vips.items() if v.state == "announcing"},
                 "conflicts": len(self._conflicts),
+                "member_waits": self.member_waits,
                 "requests_received": dict(self._counts["requests_received"]),
                 "responses_sent": dict(self._counts["responses_sent"]),
                 "gratuitous_sent": dict(self._counts["gratuitous_sent"]),
@@ -522,6 +540,8 @@ class L2Announcer:
     def _begin_check(self, vip: _Vip, now: float) -> None:
         vip.state = "checking"
         vip.conflict = None
+        vip.check_started = now
+        vip.member_answered = False
         self._checking[vip.packed] = vip
         self._schedule(now, "probe", vip, (0,))
 
@@ -979,6 +999,9 @@ class L2Announcer:
         if self.is_peer_mac is not None and self.is_peer_mac(mac):
             self.log.debug("memberAnswered", extra={"event": "memberAnswered", "ip": vip.ip, "iface": iface,
                                                     "mac": arp.mac_str(mac)})
+            with self._lock:
+                if vip.state == "checking":
+                    vip.member_answered = True  # it hands over once it hears this node: wait for its silence
             return
         with self._lock:
             if vip.state == "checking" and vip.conflict is None:
@@ -1007,7 +1030,11 @@ class L2Announcer:
                 if vip.probes_pending == 0:
                     self._probe_sent(vip, now)
             elif action == "decide" and vip.state == "checking":
-                if vip.conflict is None:
+                if vip.conflict is None and vip.member_answered and now - vip.check_started < self.member_wait:
+                    vip.member_answered = False  # a member still answers: probe again, announce at its silence
+                    self.member_waits += 1
+                    self._schedule(now, "probe", vip, (max(0, self.check_probes - 1),))
+                elif vip.conflict is None:
                     self._announce(vip, now)
                 else:
                     self._on_conflict(vip, now)

@@ -494,18 +494,20 @@ class L2Mode:
                 if reason == "":
                     # only the VIPs this node did not announce before: gained from a member we saw lead it
                     # (failover, drain, leave): skip the RFC 5227 check, it would only cost failover time.
-                    # Otherwise (first start, a new VIP, a restart that preempts) check: answers from
-                    # members' MACs are a handover and ignored (is_peer_mac), any other MAC is a conflict
-                    # and never fought.
+                    # Otherwise (first start, a new VIP, a restart that preempts) check: a member's MAC
+                    # answering is one handing over, waited out until it is silent (is_peer_mac), any
+                    # other MAC is a conflict and never fought.
                     for ip in cls.ipset.difference(announced_before):
                         before = self._leaders.get(ip)
-                        if ip in self._yielded and before == me:
-                            skip.add(ip)  # taken back after a yield: it held it, other members' answers are a handover
-                        elif before and before != me:
+                        if ip in self._yielded:
+                            # taken back after a yield or a false suspicion: the member it went to answers
+                            # until it hears this node again, at about the moment this node decides. The
+                            # check waits for that member's silence (announcer: member_wait), so the two
+                            # never answer at once; no forwarding: its connections never left this node
+                            continue
+                        if before and before != me:
                             skip.add(ip)
-                            if ip in self._yielded:
-                                pass  # taken back after a false suspicion: its connections never left this node
-                            elif states.get(before) == "alive":
+                            if states.get(before) == "alive":
                                 handed[ip] = before  # a planned move: its in-flight connections go on there
                             elif states.get(before) == "unreachable":
                                 # only suspected (heartbeats stopped, gossip not sure): forward toward it too,

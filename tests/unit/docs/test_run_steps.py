@@ -23,8 +23,8 @@ never:
 """
 
 
-def run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    (tmp_path / "Makefile").write_text(MAKEFILE)
+def run(tmp_path: Path, *args: str, extra: str = "") -> subprocess.CompletedProcess[str]:
+    (tmp_path / "Makefile").write_text(MAKEFILE + extra)
     return subprocess.run([sys.executable, str(ROOT / "scripts" / "run-steps.py"), *args], cwd=tmp_path,
                           capture_output=True, text=True, timeout=60, check=False)
 
@@ -86,3 +86,26 @@ def test_the_first_and_the_last_failure_and_closing_errors_only_without_one(tmp_
     assert "after-last" in two and "pad 45" not in two
     weak_why = out[out.index("===== why weak failed"):].splitlines()
     assert weak_why[1:3] == ["ERROR: sanity failed", "names pylint"]
+
+
+def test_a_group_runs_side_by_side_keeps_each_output_whole_and_stops_after_it(tmp_path):
+    # each sleeper says it begins, sleeps 1 s, says it finished: run one after another they take 3 s
+    sleepers = "".join(f"{name}:\n\t@echo {name}-begin; sleep 1; echo {name}-finish\n" for name in ("s1", "s2", "s3"))
+    res = run(tmp_path, "--json", "r.json", "s1+s2+s3", "good", extra=sleepers)
+    assert res.returncode == 0, res.stdout
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert [s["step"] for s in doc["steps"]] == ["s1", "s2", "s3", "good"]
+    assert all(s["result"] == "passed" and 0.9 < s["seconds"] < 3 for s in doc["steps"][:3]), doc
+    # two at a time: about 2 s for the three, not 3 (the group's own line says how long together)
+    assert doc["seconds"] < 2.9, doc["seconds"]
+    out = res.stdout
+    assert "s1, s2, s3 took" in out
+    for name in ("s1", "s2", "s3"):  # each step's output printed whole, not interleaved
+        start = out.index(f"{name}-begin")
+        assert out.index(f"{name}-finish") == start + len(f"{name}-begin\n")
+    # a failure in a group: the group ends, the next step does not run, the table has a row per step
+    res = run(tmp_path, "--json", "r.json", "bad+s1", "never", extra=sleepers)
+    assert res.returncode == 1 and not (tmp_path / "ran-never").exists()
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert [(s["step"], s["result"]) for s in doc["steps"]] == [
+        ("bad", "failed (exit 2)"), ("s1", "passed"), ("never", "not run")]
