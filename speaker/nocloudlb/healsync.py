@@ -13,7 +13,8 @@ cluster about 2k exchanges, whatever N is. Both sides compute the same pairs whe
 the names, and a node that comes back to a cluster it held dead still exchanges with the first
 member it sees again (alone in its view, that member is among its first k): the one-sided merge is
 healed from both sides. A member that was only suspected and refuted needs no exchange (nobody held
-it dead); membership.py asks this rule only for returns from dead or left, and for joins.
+it dead); membership.py asks this rule only on kinship's ``MemberJoined`` (alive after unknown, dead
+or left), never on ``MemberRecovered`` (a refuted suspicion).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ HEAL_SYNC_K = 2  # each side's partners per return; 2 so that one unreachable pa
 def first(member: str, others: Iterable[str], k: int = HEAL_SYNC_K) -> list[str]:
     """The first ``k`` of ``others`` (less ``member``) by kinship's rendezvous weight for ``member``: the
     same on every node that knows the same names."""
-    return owners(member, sorted({o for o in others if o != member}), k)
+    return owners(member, {o for o in others if o != member}, k)
 
 
 @functools.lru_cache(maxsize=4096)  # the reconnect loop asks again every 0.5 s for each member held dead

@@ -246,7 +246,6 @@ class Membership:
         self._synced: dict[str, float] = {}  # member name -> when we last push-pulled with it after a heal
         self._syncing: set[str] = set()  # push-pulls in flight
         self._dead_since: dict[str, float] = {}  # members held dead -> monotonic time we saw them die
-        self._gone: set[str] = set()  # members held dead or left: their return is a heal that needs an exchange
         self._next_reconnect = 0.0
         self.log = logger or logging.getLogger("nocloudlb.membership")
         self.cluster: Cluster | None = None
@@ -417,22 +416,17 @@ class Membership:
         if isinstance(ev, kinship.MemberJoined) and self.join_state != "joined":
             self._joined()
         self.on_change()
-        was_gone = False
         with self._lock:
             if isinstance(ev, kinship.MemberDead):
                 self._dead_since.setdefault(member.name, time.monotonic())
             elif isinstance(ev, (kinship.MemberJoined, kinship.MemberRecovered, kinship.MemberLeft)):
                 self._dead_since.pop(member.name, None)
-            if isinstance(ev, (kinship.MemberDead, kinship.MemberLeft)):
-                self._gone.add(member.name)
-            elif isinstance(ev, (kinship.MemberJoined, kinship.MemberRecovered)):
-                was_gone = member.name in self._gone
-                self._gone.discard(member.name)
         if member.name != self.settings.name and isinstance(ev, (kinship.MemberJoined, kinship.MemberRecovered)):
             self._heal("memberJoined" if isinstance(ev, kinship.MemberJoined) else "memberRecovered", member.name)
-            # an exchange only after a join or a return from dead or left (a refuted suspicion: nobody held it
-            # dead), and only between the few members healsync.py pairs: never one per member (a storm)
-            if self.first_join_done.is_set() and (isinstance(ev, kinship.MemberJoined) or was_gone):
+            # an exchange only on MemberJoined (kinship: alive again after unknown, dead or left; a refuted
+            # suspicion is MemberRecovered, and nobody held that member dead), and only between the few
+            # members healsync.py pairs: never one per member (a storm)
+            if self.first_join_done.is_set() and isinstance(ev, kinship.MemberJoined):
                 alive = [m.name for m in self.members() if m.state == "alive"]
                 if heal_sync(self.settings.name, member.name, alive):
                     # not again if the reconnect that healed it exchanged with it moments ago
