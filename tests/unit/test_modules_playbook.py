@@ -24,15 +24,11 @@ BIN = Path(sys.executable).parent
 
 
 @pytest.fixture(scope="module")
-def play(tmp_path_factory):
-    collections = tmp_path_factory.mktemp("collections")
-    namespace = collections / "ansible_collections" / "nocloud"
-    namespace.mkdir(parents=True)
-    (namespace / "loadbalancer").symlink_to(ROOT, target_is_directory=True)
+def play(tmp_path_factory, collections_path):
     home = tmp_path_factory.mktemp("ansible_home")
     env = dict(os.environ)
     env.update(
-        ANSIBLE_COLLECTIONS_PATH=str(collections),
+        ANSIBLE_COLLECTIONS_PATH=str(collections_path),
         ANSIBLE_STDOUT_CALLBACK="ansible.posix.json",
         ANSIBLE_LOCALHOST_WARNING="False",
         ANSIBLE_INVENTORY_UNPARSED_WARNING="False",

@@ -52,14 +52,10 @@ def _playbook(name: str) -> Path:
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    collections = tmp_path_factory.mktemp("collections")
-    namespace = collections / "ansible_collections" / "nocloud"
-    namespace.mkdir(parents=True)
-    (namespace / "loadbalancer").symlink_to(ROOT, target_is_directory=True)
+def env(tmp_path_factory, collections_path):
     home = tmp_path_factory.mktemp("ansible_home")
     (home / "inventory.ini").write_text(INVENTORY)
-    return home, dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(collections), ANSIBLE_HOME=str(home),
+    return home, dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(collections_path), ANSIBLE_HOME=str(home),
                       ANSIBLE_LOCAL_TEMP=str(home / "tmp"), ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0",
                       ANSIBLE_LOCALHOST_WARNING="False", ANSIBLE_DEPRECATION_WARNINGS="False")
 

@@ -18,18 +18,17 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")
-def collections(tmp_path_factory):
-    top = tmp_path_factory.mktemp("kad-collections")
-    (top / "ansible_collections" / "nocloud").mkdir(parents=True)
-    (top / "ansible_collections" / "nocloud" / "loadbalancer").symlink_to(ROOT)
-    return top
+def collections(collections_path, tmp_path_factory):
+    """(the collections directory, a directory for the modules' argument files)"""
+    return collections_path, tmp_path_factory.mktemp("kad-args")
 
 
 def run(collections, args, check_mode=False):
+    top, tmp = collections
     payload = dict(args, _ansible_check_mode=check_mode)
-    f = collections / "args.json"
+    f = tmp / "args.json"
     f.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": payload}))
-    env = dict(os.environ, PYTHONPATH=str(collections))
+    env = dict(os.environ, PYTHONPATH=str(top))
     proc = subprocess.run([sys.executable, str(ROOT / "plugins/modules/keepalived_render.py"), str(f)],
                           capture_output=True, text=True, timeout=60, env=env, check=False)
     return json.loads(proc.stdout)

@@ -14,7 +14,6 @@ import pytest
 import yaml
 from conftest import FIXTURES
 
-REPO = pathlib.Path(__file__).resolve().parents[3]
 BIN = pathlib.Path(sys.executable).parent
 
 SECRET = "s3cret-Never-Logged"
@@ -75,14 +74,12 @@ PLAYBOOK = """
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
+def results(tmp_path_factory, collections_path):
     """Task results of the playbook, run normally and in check mode: {mode: {task name: result}}."""
     tmp = tmp_path_factory.mktemp("pv")
-    (tmp / "ansible_collections" / "nocloud").mkdir(parents=True)
-    (tmp / "ansible_collections" / "nocloud" / "loadbalancer").symlink_to(REPO)
     (tmp / "pb.yml").write_text(PLAYBOOK)
     (tmp / "pw").write_text(SECRET + "\n")
-    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(tmp), ANSIBLE_STDOUT_CALLBACK="ansible.posix.json",
+    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(collections_path), ANSIBLE_STDOUT_CALLBACK="ansible.posix.json",
                ANSIBLE_CALLBACK_RESULT_FORMAT="json", PATH=f"{BIN}:{os.environ.get('PATH', '')}",
                ANSIBLE_LOCAL_TEMP=str(tmp / "tmp"), ANSIBLE_HOME=str(tmp / "home"))
     out = {}

@@ -11,28 +11,10 @@ import uuid
 from pathlib import Path
 
 import pytest
+from collection_link import collections_dir  # a module run as a plain script imports its module_utils from there
 
 ROOT = Path(__file__).resolve().parents[3]
 MODULES = ROOT / "plugins" / "modules"
-_COLLECTIONS: list[Path] = []
-
-
-def collections_dir() -> Path:
-    """A directory holding ansible_collections/nocloud/loadbalancer -> this tree, so a module run
-    as a plain script imports its module_utils the way Ansible's packaging provides them."""
-    if not _COLLECTIONS:
-        top = Path(f"/tmp/ndp-collections-{uuid.uuid4().hex[:8]}")
-        (top / "ansible_collections" / "nocloud").mkdir(parents=True)
-        (top / "ansible_collections" / "nocloud" / "loadbalancer").symlink_to(ROOT)
-        _COLLECTIONS.append(top)
-    return _COLLECTIONS[0]
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _remove_collections_dir():
-    yield
-    for top in _COLLECTIONS:
-        subprocess.run(["rm", "-rf", str(top)], check=False)
 
 
 def run_module(name: str, args: dict, netns: str | None = None, check_mode: bool = False,

@@ -20,13 +20,10 @@ PLAYBOOK = Path(__file__).parent / "playbooks" / "speaker_templates.yml"
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    collections = tmp_path_factory.mktemp("collections")
-    (collections / "ansible_collections" / "nocloud").mkdir(parents=True)
-    (collections / "ansible_collections" / "nocloud" / "loadbalancer").symlink_to(ROOT, target_is_directory=True)
+def run(tmp_path_factory, collections_path):
     home = tmp_path_factory.mktemp("home")
     out = tmp_path_factory.mktemp("out")
-    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(collections), ANSIBLE_STDOUT_CALLBACK="ansible.posix.json",
+    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(collections_path), ANSIBLE_STDOUT_CALLBACK="ansible.posix.json",
                ANSIBLE_LOCALHOST_WARNING="False", ANSIBLE_INVENTORY_UNPARSED_WARNING="False",
                ANSIBLE_HOME=str(home), ANSIBLE_LOCAL_TEMP=str(home / "tmp"), ANSIBLE_NOCOLOR="1",
                PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")

@@ -11,17 +11,16 @@ the file and exits (with pprof off, in a network namespace of its own when unsha
 
 from __future__ import annotations
 
-import atexit
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
-import uuid
 from pathlib import Path
 
 import jinja2
 import pytest
+from collection_link import collections_dir
 
 ROOT = Path(__file__).resolve().parents[3]
 TEMPLATES = ROOT / "roles" / "router" / "templates"
@@ -30,23 +29,8 @@ TOOLS = Path(os.environ.get("NOCLOUDLB_ROUTER_TOOLS", ROOT / ".cache" / "routers
 FILES = {"frr": "frr.conf.j2", "bird": "bird.conf.j2", "gobgp": "gobgpd.conf.j2"}
 KINDS = tuple(FILES)
 
-_COLLECTIONS: list[Path] = []
-
-
-def collections_dir() -> Path:
-    """A directory holding ansible_collections/nocloud/loadbalancer -> this tree (the filters import
-    each other by their collection path, as Ansible loads them)."""
-    if not _COLLECTIONS:
-        top = Path(tempfile.gettempdir()) / f"router-collections-{uuid.uuid4().hex[:8]}"
-        (top / "ansible_collections" / "nocloud").mkdir(parents=True)
-        (top / "ansible_collections" / "nocloud" / "loadbalancer").symlink_to(ROOT, target_is_directory=True)
-        _COLLECTIONS.append(top)
-        atexit.register(shutil.rmtree, top, ignore_errors=True)  # removes the link, not the tree
-        sys.path.insert(0, str(top))
-    return _COLLECTIONS[0]
-
-
-collections_dir()
+# the filters import each other by their collection path, as Ansible loads them
+sys.path.insert(0, str(collections_dir()))
 from ansible_collections.nocloud.loadbalancer.plugins.filter.router_cidrs import router_cidrs  # noqa: E402
 from ansible_collections.nocloud.loadbalancer.plugins.filter.router_config import router_config  # noqa: E402
 
