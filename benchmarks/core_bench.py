@@ -12,6 +12,12 @@
   tracing slows Python down).
 * Election: ``election_order`` of 10,000 VIPs over 100 nodes (MetalLB's
   sha256(node#ip) sort), and the leaders' spread over the nodes.
+* A new member at size: the speaker's layer-2 election (``nocloudlb.l2.election``)
+  over 10,000 VIPs and 300 known nodes, its objects frozen after the first view as
+  the speaker freezes them after a config's first reconcile (``memory.settle``);
+  then new names one at a time: the median and worst time of the view that brings
+  each, inserted into the kept orders, side by side with the previous way (every
+  order sorted again), and the VIPs whose leader changed.
 
 Run: ``.venv/bin/python benchmarks/core_bench.py`` (well under a minute). Prints one
 line per figure; ``--json`` prints them as JSON instead.
@@ -27,9 +33,11 @@ import time
 import tracemalloc
 from collections import Counter
 
+from nocloudlb import memory
 from nocloudlb.core.allocation import allocate
-from nocloudlb.core.election import election_order
+from nocloudlb.core.election import NodeView, election_order
 from nocloudlb.core.schema import parse_resources
+from nocloudlb.l2 import election as l2election
 
 BASE = ipaddress.IPv4Network("198.18.0.0/16")
 
@@ -71,6 +79,45 @@ def service_docs(count: int, prefix: str = "svc", offset: int = 0) -> list[dict]
     return docs
 
 
+def l2_docs(vips: int) -> list[dict]:
+    """One pool over BASE with an L2Advertisement, and ``vips`` services, one address each."""
+    docs: list[dict] = [
+        {"apiVersion": "metallb.io/v1beta1", "kind": "IPAddressPool", "metadata": {"name": "grow"},
+         "spec": {"addresses": [str(BASE)]}},
+        {"apiVersion": "metallb.io/v1beta1", "kind": "L2Advertisement", "metadata": {"name": "grow"},
+         "spec": {"ipAddressPools": ["grow"]}}]
+    for i in range(vips):
+        ip = str(ipaddress.IPv4Address(int(BASE.network_address) + 1 + i))
+        docs.append({"apiVersion": "v1", "kind": "Service", "metadata": {"name": f"g{i}", "namespace": "bench"},
+                     "spec": {"type": "LoadBalancer", "ports": [{"port": 80, "protocol": "TCP"}]},
+                     "status": {"loadBalancer": {"ingress": [{"ip": ip}]}}})
+    return docs
+
+
+def new_members(parsed, nodes: int, joins: int, insert: bool) -> tuple[float, list[float], int]:
+    """(first view s, each new member's view s, VIPs whose leader changed over all joins) for one Election;
+    ``insert`` False: every order sorted again on a new name (the previous way)."""
+    real = l2election._insert_cheaper
+    if not insert:
+        l2election._insert_cheaper = lambda _new, _known: False
+    try:
+        election = l2election.Election()
+        view = [NodeView(f"node{i:03d}") for i in range(nodes)]
+        first, t_first = timed(election.classes, "node000", view, parsed)
+        leaders = {ip: leader for cls, leader, _r, _g in first for ip in cls.ips}
+        memory.settle()
+        times = []
+        for k in range(joins):
+            view = [*view, NodeView(f"joiner{k}")]
+            out, t = timed(election.classes, "node000", view, parsed)
+            times.append(t)
+        after = {ip: leader for cls, leader, _r, _g in out for ip in cls.ips}
+        return t_first, times, sum(1 for ip in after if after[ip] != leaders[ip])
+    finally:
+        l2election._insert_cheaper = real
+        memory.settle()
+
+
 def timed(fn, *args):
     start = time.perf_counter()
     out = fn(*args)
@@ -82,6 +129,9 @@ def main() -> None:
     parser.add_argument("--services", type=int, default=10_000)
     parser.add_argument("--vips", type=int, default=10_000)
     parser.add_argument("--nodes", type=int, default=100)
+    parser.add_argument("--grow-vips", type=int, default=10_000, help="VIPs of the new-member figure")
+    parser.add_argument("--grow-nodes", type=int, default=300, help="known nodes before the new members")
+    parser.add_argument("--joins", type=int, default=5, help="new members, one view each")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     figures: dict[str, object] = {}
@@ -132,6 +182,15 @@ def main() -> None:
     figures["election_per_vip_us"] = round(t_elect / args.vips * 1e6, 1)
     per_node = [leaders.get(n, 0) for n in nodes]
     figures["leaders_per_node_min_mean_max"] = [min(per_node), round(statistics.mean(per_node), 1), max(per_node)]
+
+    grown = parse_resources(l2_docs(args.grow_vips))
+    figures["new_member_vips_nodes"] = [args.grow_vips, args.grow_nodes]
+    for label, insert in (("inserted", True), ("sorted_again", False)):
+        t_first, times, moved = new_members(grown, args.grow_nodes, args.joins, insert)
+        figures[f"new_member_{label}_first_view_s"] = round(t_first, 3)
+        figures[f"new_member_{label}_median_max_ms"] = [round(statistics.median(times) * 1000, 1),
+                                                        round(max(times) * 1000, 1)]
+        figures[f"new_member_{label}_vips_moved"] = moved
 
     if args.json:
         print(json.dumps(figures, indent=2))

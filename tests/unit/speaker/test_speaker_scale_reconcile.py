@@ -87,6 +87,19 @@ def view(alive: list[str], parsed) -> list[NodeView]:
     return [NodeView(n, {"zone": "a"}, "alive" if n in alive else "dead", healthy) for n in ["n1", "n2", "n3"]]
 
 
+def rows_built(monkeypatch) -> list[str]:
+    """The VIPs whose rows the layer-2 mode builds from now on (a list that fills as it builds them)."""
+    built: list[str] = []
+    real = l2mode.VipRow
+
+    def counting(*a, **k):
+        built.append(a[0])
+        return real(*a, **k)
+
+    monkeypatch.setattr(l2mode, "VipRow", counting)
+    return built
+
+
 def test_a_membership_change_builds_rows_only_for_the_vips_that_moved(tmp_path, monkeypatch):
     parsed = big(1000)
     mode, ann = mode_for("n1")
@@ -98,14 +111,7 @@ def test_a_membership_change_builds_rows_only_for_the_vips_that_moved(tmp_path, 
     led_by_n2 = {ip for ip, r in before.items() if r.leader == "n2"}
     assert 200 < len(led_by_n2) < 500
 
-    built: list[str] = []
-    real = l2mode.VipRow
-
-    def counting(*a, **k):
-        built.append(a[0])
-        return real(*a, **k)
-
-    monkeypatch.setattr(l2mode, "VipRow", counting)
+    built = rows_built(monkeypatch)
     mode.apply("n1", view(["n1", "n3"], parsed), parsed)  # n2 dies
     after = {r.ip: r for r in mode._rows}
     moved = {ip for ip in after if after[ip].leader != before[ip].leader}
