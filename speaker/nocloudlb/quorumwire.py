@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from nocloudlb.core.quorum import has_quorum
 
@@ -25,9 +25,20 @@ from . import logs
 log = logging.getLogger("nocloudlb.speaker")
 
 
+class _Start(NamedTuple):
+    """What the quorum reads of the config, taken at start (a restart applies a change of them)."""
+
+    node_name: str
+    bind: str
+    join: tuple[str, ...]
+    witness: str
+
+
 class QuorumWiring:
     def __init__(self, cfg: Any, membership: Callable[[], Any], post: Callable[[str], None]) -> None:
-        self.cfg = cfg  # SpeakerConfig: node_name, bind, join, witness (read at start)
+        # those four fields only: holding the SpeakerConfig would keep the start-up config (every service
+        # parsed) alive after each reload
+        self.cfg = _Start(cfg.node_name, cfg.bind, tuple(cfg.join), cfg.witness)
         self.membership = membership  # -> the Membership, or None before start
         self.post = post
         self.heartbeat: Any = None
