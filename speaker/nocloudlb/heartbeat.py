@@ -389,8 +389,10 @@ class Heartbeat:
     """See the module docstring. ``set_peers`` from the decision thread at every reconcile."""
 
     def __init__(self, name: str, bind_ip: str, port: int, keys: list[str] | None, interval: float, miss: int,
-                 on_change: Callable[[], None] = lambda: None, logger: logging.Logger | None = None) -> None:
+                 on_change: Callable[[], None] = lambda: None, logger: logging.Logger | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.name = name
+        self._clock = clock  # monotonic seconds; a virtual clock in benchmarks/heartbeat_sim.py
         self.bind_ip = bind_ip
         self.port = port
         self.interval = float(interval)
@@ -497,7 +499,7 @@ class Heartbeat:
     # -- inputs ----------------------------------------------------------------------------
     def set_peers(self, peers: Mapping[str, tuple[tuple[str, int], str]]) -> None:
         """The live members (name -> ((ip, heartbeat port), gossip state)), this node excluded."""
-        now = time.monotonic()
+        now = self._clock()
         with self._lock:
             for name in list(self._peers):
                 if name not in peers:
@@ -522,7 +524,7 @@ class Heartbeat:
             self._meta = dict(meta)
             self._meta_seq += 1
             self._meta_left = dict.fromkeys(self._peers, META_REPEAT)
-        self._send_all(time.monotonic())
+        self._send_all(self._clock())
 
     def set_keys(self, keys: list[str] | None) -> None:
         new = derive_keys(keys)
@@ -552,7 +554,7 @@ class Heartbeat:
         return self._view
 
     def status(self) -> dict[str, Any]:
-        now = time.monotonic()
+        now = self._clock()
         v = self._view
         with self._lock:
             peers = {n: {"heardMsAgo": round((now - p.heard) * 1000) if p.heard_once else None,
@@ -568,14 +570,14 @@ class Heartbeat:
 
     # -- the thread --------------------------------------------------------------------------
     def _run(self) -> None:
-        next_send = time.monotonic()
+        next_send = self._clock()
         ready: list[Any] = []
         while not self._stop.is_set():
             try:
                 assert self._sock is not None
                 if self._sock.fileno() < 0 and self._news is not None:
                     self._news.close()  # the main socket closed (a test's dead node): no news either
-                now = time.monotonic()
+                now = self._clock()
                 tick = now >= next_send
                 # news at once; routine datagrams now too, unless quiet and between ticks
                 self._receive_all(routine=tick or not self._quiet or self._sock in ready,
@@ -583,14 +585,14 @@ class Heartbeat:
                 if tick:
                     self._send_all(now)
                     next_send = max(next_send + self.interval, now + self.interval / 4)
-                now = time.monotonic()
+                now = self._clock()
                 if self._dirty or now >= self._deadline:
                     self._evaluate(now)
                 self._quiet = self._news is not None and self._is_quiet(now)
                 # quiet: every member was heard within QUIET_LATE intervals, so no timeout ends before the next
                 # tick (the deadline kept from the last evaluation is older: it is checked at that tick)
                 until = next_send if self._quiet else min(next_send, self._deadline)
-                wait = max(0.0, until - time.monotonic())
+                wait = max(0.0, until - self._clock())
                 socks = [self._news] if self._news is not None else []
                 if not self._quiet:
                     socks.append(self._sock)
@@ -655,7 +657,7 @@ class Heartbeat:
                     break
                 except OSError:
                     break
-                now = time.monotonic()
+                now = self._clock()
                 for level, kind, raw in anc:
                     if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(raw) >= _TIMESPEC.size:
                         sec, nsec = _TIMESPEC.unpack_from(raw)
@@ -665,7 +667,7 @@ class Heartbeat:
                         break
                 changed |= self._accept(data, now)
         if changed:
-            self._evaluate(time.monotonic(), force=True)
+            self._evaluate(self._clock(), force=True)
 
     def _routine(self, data: bytes) -> Packet | None:
         """A routine datagram from a known sender (flags 0, nothing missed, no meta), checked against the
@@ -759,7 +761,7 @@ class Heartbeat:
             "rejectedReplay" if reason in ("replay", "oldBoot") else "rejectedOther"
         self.counters[legacy] += 1
         REJECTED.labels(reason).inc()
-        now = time.monotonic()
+        now = self._clock()
         if now - self._logged_reject.get(reason, -1e9) >= REJECT_LOG_EVERY:
             self._logged_reject[reason] = now
             event(self.log, "heartbeatRejected", detail[:200], logging.WARNING, reason=reason,
