@@ -81,9 +81,10 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, cast
 
+from nocloudlb import heartbeat as heartbeat_module
 from nocloudlb.heartbeat import Heartbeat, HeartbeatView
 from nocloudlb.membership import PROFILES
 
@@ -448,11 +449,13 @@ class Options:
     jitter: float = 0.0002
     cpu_scale: float = 0.0
     rcvbuf: int = 0
+    confirmations: int = heartbeat_module.CONFIRMATIONS  # the class's rule: members that must miss one too
 
 
 @dataclass
 class Row:
     n: int
+    confirmations: int
     profile: str
     seconds: float
     datagrams_per_node: float  # each node sends, per s, in the steady window (mean over nodes)
@@ -495,9 +498,14 @@ def run_size(n: int, opts: Options, cost: tuple[float, float]) -> Row:
     window = 2 * interval * miss
     marks = (tl.warm, tl.steady_end, tl.steady_end + window, tl.heal, tl.heal + window, tl.end)
     sent: list[dict[str, int]] = []
-    for mark in marks:
-        _run_reporting(sim, mark, n)
-        sent.append(sim.sent())
+    rule = heartbeat_module.CONFIRMATIONS
+    heartbeat_module.CONFIRMATIONS = opts.confirmations  # the rule the class reads at each evaluation
+    try:
+        for mark in marks:
+            _run_reporting(sim, mark, n)
+            sent.append(sim.sent())
+    finally:
+        heartbeat_module.CONFIRMATIONS = rule
     wall = time.perf_counter() - wall0
     rates = [(sent[1][m] - sent[0][m]) / (tl.steady_end - tl.warm) for m in names]
     steady = statistics.fmean(rates) * window * n
@@ -505,7 +513,8 @@ def run_size(n: int, opts: Options, cost: tuple[float, float]) -> Row:
     first, p50, last = _ms(detections)
     conv = sim.converged_after(tl.heal)
     false = [s for s in sim.suspicions if s.false]
-    return Row(n=n, profile=opts.profile, seconds=tl.end, datagrams_per_node=statistics.fmean(rates),
+    return Row(n=n, confirmations=opts.confirmations, profile=opts.profile, seconds=tl.end,
+               datagrams_per_node=statistics.fmean(rates),
                datagrams_per_node_min=min(rates), datagrams_per_node_max=max(rates),
                expected_per_node=(n - 1) / interval,
                cut_burst=(sum(sent[2].values()) - sum(sent[1].values())) / steady,
@@ -513,21 +522,25 @@ def run_size(n: int, opts: Options, cost: tuple[float, float]) -> Row:
                detect_first_ms=first, detect_p50_ms=p50, detect_max_ms=last,
                detected_by=len(detections), survivors=n - 1, false_suspicions=len(false),
                false_per_node_min=len(false) / n / (tl.end / 60),
-               false_model_per_node_min=false_rate_model(n, interval, miss, opts.loss) / n * 60,
+               false_model_per_node_min=false_rate_model(n, interval, miss, opts.loss, opts.confirmations) / n * 60,
                convergence_ms=None if conv is None or conv > tl.crash - tl.heal else conv * 1000,
                wall_s=wall, wall_per_sim_s=wall / tl.end, datagrams=sum(sent[-1].values()),
                cpu_per_node=(n - 1) / interval * (cost[0] + cost[1]), dropped=dict(sim.dropped),
                first_false=[asdict(s) for s in false[:5]])
 
 
-def false_rate_model(n: int, interval: float, miss: int, loss: float) -> float:
+def false_rate_model(n: int, interval: float, miss: int, loss: float, confirmations: int = 1) -> float:
     """False suspicions per second in the whole cluster under independent ``loss`` per datagram, roughly
     (an estimate to compare with, not used by the simulation): every interval, for each of the
     N x (N - 1) observer-target pairs, the observer lost the target's last ``miss`` datagrams
-    (p = loss^miss) while at least one of the N - 2 others did too (its missing list is the second
-    opinion). Per node it grows as N: about N x p^2 / interval while N x p is small."""
+    (p = loss^miss) while at least ``confirmations`` of the N - 2 others did too (their missing lists are
+    the other opinions; fewer when fewer others exist, as the class rules). With one, per node it grows as
+    N: about N x p^2 / interval while N x p is small; with k, as N^k x p^(k+1)."""
     p = loss ** miss
-    return n * (n - 1) * p * (1 - (1 - p) ** (n - 2)) / interval
+    others = n - 2
+    k = min(confirmations, others)
+    at_least_k = 1.0 - sum(math.comb(others, j) * p ** j * (1 - p) ** (others - j) for j in range(k))
+    return n * (n - 1) * p * at_least_k / interval
 
 
 def _run_reporting(sim: Simulator, until: float, n: int, chunk: float = 1.0) -> None:
@@ -583,10 +596,10 @@ class _Collect:
 
 # -- output ---------------------------------------------------------------------------------------
 
-HEADER = ("| N | datagrams/s per node (expected) | burst at partition / heal (x steady) | crash detection first / "
-          "p50 / max ms | false suspicions / node / min (count; model) | partition convergence ms | heartbeat CPU "
-          "per node (est.) | wall s per sim s |")
-RULE = "|---|---|---|---|---|---|---|---|"
+HEADER = ("| N | confirmations | datagrams/s per node (expected) | burst at partition / heal (x steady) | "
+          "crash detection first / p50 / max ms | false suspicions / node / min (count; model) | "
+          "partition convergence ms | heartbeat CPU per node (est.) | wall s per sim s |")
+RULE = "|---|---|---|---|---|---|---|---|---|"
 
 
 def _fmt(v: float | None, spec: str = ".0f", none: str = "never") -> str:
@@ -597,25 +610,28 @@ def table_row(r: Row) -> str:
     detect = f"{_fmt(r.detect_first_ms)} / {_fmt(r.detect_p50_ms)} / {_fmt(r.detect_max_ms)}"
     if r.detected_by < r.survivors:
         detect += f" ({r.detected_by}/{r.survivors} survivors)"
-    return (f"| {r.n} | {r.datagrams_per_node:.1f} ({r.expected_per_node:.0f}) | {r.cut_burst:.1f} / "
-            f"{r.heal_burst:.1f} | {detect} | {r.false_per_node_min:.2f} ({r.false_suspicions}; model "
-            f"{r.false_model_per_node_min:.2g}) | "
+    return (f"| {r.n} | {r.confirmations} | {r.datagrams_per_node:.1f} ({r.expected_per_node:.0f}) | "
+            f"{r.cut_burst:.1f} / {r.heal_burst:.1f} | {detect} | {r.false_per_node_min:.2f} "
+            f"({r.false_suspicions}; model {r.false_model_per_node_min:.2g}) | "
             f"{_fmt(r.convergence_ms, '.1f', 'not converged')} | {r.cpu_per_node * 100:.1f} % of a core | "
             f"{r.wall_per_sim_s:.2f} |")
 
 
 def skipped_row(n: int, interval: float, cost: tuple[float, float], wall_per_datagram: float) -> str:
     per_s = n * (n - 1) / interval
-    return (f"| {n} | {(n - 1) / interval:.0f} expected | not run: {per_s / 1e6:.1f} M datagrams per simulated s x "
+    return (f"| {n} | | {(n - 1) / interval:.0f} expected | not run: {per_s / 1e6:.1f} M datagrams per simulated s x "
             f"{wall_per_datagram * 1e6:.1f} us = about {per_s * wall_per_datagram:,.0f} wall s per simulated s | | | "
             f"| {(n - 1) / interval * sum(cost) * 100:.1f} % of a core | (not run) |")
 
 
-def footer(profile: str, loss: float, cost: tuple[float, float], wall_per_datagram: float) -> list[str]:
+def footer(profile: str, loss: float, cost: tuple[float, float], wall_per_datagram: float,
+           confirmations: list[int]) -> list[str]:
     interval, miss = float(PROFILES[profile]["heartbeat_interval"]), int(PROFILES[profile]["heartbeat_miss"])
     send, take = cost
     per_node = 999 / interval
-    false = false_rate_model(1000, interval, miss, loss)
+    models = ", ".join(f"{f:,.3g} per s in the cluster ({f / 1000 * 60:.2g} per node per minute) with {k} "
+                       f"confirmation{'s' if k > 1 else ''}" for k in confirmations
+                       for f in (false_rate_model(1000, interval, miss, loss, k),))
     return [f"Cost of the real class per routine datagram, measured here: {send * 1e6:.1f} us to send (encode + "
             f"HMAC, no syscall), {take * 1e6:.1f} us to take (check + HMAC); the simulator spent "
             f"{wall_per_datagram * 1e6:.1f} us of wall time per datagram sent (both ends, evaluations, events).",
@@ -623,8 +639,7 @@ def footer(profile: str, loss: float, cost: tuple[float, float], wall_per_datagr
             f"taken by each node = {per_node * (send + take) * 100:.0f} % of one core per node for heartbeats alone "
             f"(syscalls not counted); simulating it takes {1000 * per_node / 1e6:.1f} M datagrams per simulated s, "
             f"about {1000 * per_node * wall_per_datagram:,.0f} wall s per simulated s here: out of reach. Under "
-            f"{loss:g} loss the false-suspicion model gives {false:,.1f} per s in the cluster "
-            f"({false / 1000 * 60:.2g} per node per minute)."]
+            f"{loss:g} loss the false-suspicion model gives {models}."]
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -644,6 +659,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="datagrams a busy or stalled node's socket holds (0: no bound)")
     ap.add_argument("--budget", type=float, default=300.0,
                     help="wall seconds a size may take (estimated); bigger sizes are reported, not run")
+    ap.add_argument("--confirmations", default=str(heartbeat_module.CONFIRMATIONS),
+                    help="the suspicion rule's confirmations, comma-separated: each size runs once per value, side\n"
+                         f"by side (the class's rule is {heartbeat_module.CONFIRMATIONS}; 1 was the rule before)")
     ap.add_argument("--json", action="store_true", help="print JSON instead of the table")
     return ap
 
@@ -654,8 +672,14 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
     if any(n < 3 for n in sizes):
         ap.error("--sizes: every size must be 3 or more (a partition needs a minority and a majority)")
+    try:
+        rules = [int(k) for k in args.confirmations.split(",") if k.strip()]
+    except ValueError:
+        ap.error(f"--confirmations: {args.confirmations!r} must be whole numbers, comma-separated")
+    if not rules or any(k < 1 for k in rules):
+        ap.error(f"--confirmations: {args.confirmations!r} must be whole numbers from 1")
     opts = Options(args.profile, args.seconds, args.loss, args.seed, args.latency_ms / 1000, args.jitter_ms / 1000,
-                   args.cpu_scale, args.rcvbuf)
+                   args.cpu_scale, args.rcvbuf, rules[0])
     interval = float(PROFILES[opts.profile]["heartbeat_interval"])
     cost = datagram_cost()
     wall_per_datagram = 3 * sum(cost)  # until a size measured it
@@ -670,11 +694,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"N={n}: not run, about {estimate:,.0f} wall s (--budget {args.budget:g})", file=sys.stderr)
             lines.append(skipped_row(n, interval, cost, wall_per_datagram))
             continue
-        print(f"N={n}: simulating {tl.end:.2f} s ({opts.profile}), about {estimate:.0f} wall s", file=sys.stderr)
-        row = run_size(n, opts, cost)
-        wall_per_datagram = row.wall_s / max(1, row.datagrams)
-        rows.append(row)
-        lines.append(table_row(row))
+        for k in rules:
+            print(f"N={n}, {k} confirmation(s): simulating {tl.end:.2f} s ({opts.profile}), about {estimate:.0f} "
+                  "wall s", file=sys.stderr)
+            row = run_size(n, replace(opts, confirmations=k), cost)
+            wall_per_datagram = row.wall_s / max(1, row.datagrams)
+            rows.append(row)
+            lines.append(table_row(row))
     if args.json:
         print(json.dumps({"options": asdict(opts), "cost_send_s": cost[0], "cost_take_s": cost[1],
                           "wall_per_datagram_s": wall_per_datagram, "rows": [asdict(r) for r in rows]}, indent=2))
@@ -683,11 +709,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"Profile {opts.profile}: heartbeat {interval * 1000:g} ms x {prof['heartbeat_miss']}, loss {opts.loss:g} "
           f"per datagram, latency {args.latency_ms:g} + {args.jitter_ms:g} ms, seed {opts.seed}, cpu-scale "
           f"{opts.cpu_scale:g}, rcvbuf {opts.rcvbuf or 'unbounded'}, {tl.end:.2f} simulated s per size\n")
-    print("\n".join([*lines, "", *footer(opts.profile, opts.loss, cost, wall_per_datagram)]))
+    print("\n".join([*lines, "", *footer(opts.profile, opts.loss, cost, wall_per_datagram, rules)]))
     for r in rows:
         for f in r.first_false:
-            print(f"false suspicion at N={r.n}: {f['observer']} suspected {f['target']} at {f['time']:.3f} s "
-                  f"(seed {opts.seed})")
+            print(f"false suspicion at N={r.n}, {r.confirmations} confirmation(s): {f['observer']} suspected "
+                  f"{f['target']} at {f['time']:.3f} s (seed {opts.seed})")
     return 0
 
 

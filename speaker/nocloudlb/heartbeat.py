@@ -37,12 +37,16 @@ The suspicion rule (fail closed, never two owners as far as this node can tell).
 or suspect (this node excluded), this node:
 
 1. suspects a live member P it has heard at least once since it joined when it does not hear P
-   now and either another live member it hears misses P too (its latest datagram says so: a
-   second path agrees, so neither this node's own link nor lost packets on one path alone make a
-   suspicion) or gossip suspects P too. Alone with P (a two-node cluster) a silent P is suspected
+   now and either ``CONFIRMATIONS`` (2) live members it hears miss P too (their latest datagrams
+   say so: other paths agree, so neither this node's own link nor lost packets on a path or two
+   make a suspicion; with only one member heard beside P, as in a three-node cluster, that one
+   suffices) or gossip suspects P too. Alone with P (a two-node cluster) a silent P is suspected
    only once gossip suspects it: a node cannot tell its own dead link from a dead peer without a
-   third party. With 10 % loss each way, a false suspicion needs ``miss`` losses in a row on two
-   paths at once.
+   third party. With 10 % loss each way, a false suspicion needs ``miss`` losses in a row on three
+   paths at once (two in a three-node cluster). One confirmation was the rule before: the false
+   suspicions it let through grew with the cluster, since any one of N - 2 others losing the same
+   datagrams sufficed (benchmarks/heartbeat_sim.py); a crash costs no more, since every survivor
+   stops hearing P at the same moment and sends its changed missing list at once.
 2. is *cut off* when it has two or more live members, has heard some of them before and hears
    none now (its own link, or its own heartbeats, are down). It suspects nobody while cut off,
    even once its own gossip suspects them: nothing is grabbed. It has no quorum (below) either:
@@ -128,6 +132,11 @@ MAX_PACKET = 2048  # the receiver reads at most this; encode never writes more, 
 _FIXED_MAX = len(MAGIC) + 2 + 255 + 1 + 255 + 24 + 1 + MAC_LEN
 #: rejected datagrams are logged once per reason per this many seconds (counted every time)
 REJECT_LOG_EVERY = 10.0
+#: members heard that must miss a member too before this node suspects it (fewer when fewer are heard: with
+#: three nodes the one other; see the rule in the module docstring). With one, the false suspicions from loss
+#: grow with the cluster (any one of N - 2 others that also lost the member's last datagrams is enough:
+#: benchmarks/heartbeat_sim.py); with two, three paths must lose ``miss`` datagrams in a row at once
+CONFIRMATIONS = 2
 #: heartbeat timeouts a member must keep saying it has no quorum before it is left out of the election
 NO_QUORUM_HOLD = 3
 _HEAD = struct.Struct("!QQII")  # boot, seq, suspicions, meta seq
@@ -783,8 +792,10 @@ class Heartbeat:
             missing = frozenset(n for n, p in live.items() if p.heard_once and n not in heard)
             cut_off = len(live) >= 2 and any(p.heard_once for p in live.values()) and not heard
             suspected = set()
+            need = min(CONFIRMATIONS, len(heard))  # the other opinions a suspicion needs (0: gossip's alone)
             for n in () if cut_off else missing:  # cut off: this node cannot judge anyone, it grabs nothing
-                if live[n].gossip_state == "suspect" or any(n in live[r].missing for r in heard):
+                if live[n].gossip_state == "suspect" or (
+                        need and sum(1 for r in heard if n in live[r].missing) >= need):
                     suspected.add(n)
             # a cut-off node keeps what it holds and takes nothing (no quorum): it does not yield to anyone
             # it cannot hear; the majority's new owner announcing on the wire makes it yield (l2/mode.py)

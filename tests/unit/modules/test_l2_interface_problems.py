@@ -105,7 +105,11 @@ def netns():
                "ip link add eth0 type veth peer name eth0p && ip link set eth0p up && ip link set eth0 up",
                "ip link add eth1 type veth peer name eth1p && ip link set eth1p up",  # eth1 left down
                "ip link add br0 type bridge && ip link add eth2 type veth peer name eth2p "
-               "&& ip link set eth2 master br0 && ip link set eth2p up && ip link set eth2 up && ip link set br0 up")
+               "&& ip link set eth2 master br0 && ip link set eth2p up && ip link set eth2 up && ip link set br0 up",
+               # the kernel reports the bridge's carrier through linkwatch, up to a second later: a play that
+               # gathered facts before then saw br0 down (a flake), so wait for it
+               "for i in $(seq 50); do [ \"$(cat /sys/class/net/br0/operstate)\" = up ] && exit 0; sleep 0.1; done; "
+               "echo br0 never came up >&2; exit 1")
         yield name
     finally:
         subprocess.run(["ip", "netns", "del", name], check=False)

@@ -140,14 +140,28 @@ def test_a_member_never_heard_is_not_suspected():
     assert "n1" not in v["n2"].suspected and "n1" in v["n2"].connected  # on gossip's word until heard
 
 
-def test_two_lossy_paths_make_a_suspicion_counted_false():
+def test_two_lossy_paths_make_no_suspicion_three_make_one_counted_false():
     s = sim()
     s.run(1.0)
     s.faults.path_loss.update({("n1", "n2"): 1.0, ("n1", "n3"): 1.0})
     s.run(2.0)
+    assert not [x for x in s.suspicions if x.false]  # n2 and n3 miss n1, but each has one other opinion only
+    assert {n for n, v in views(s).items() if "n1" in v.suspected} == set()
+    s.faults.path_loss[("n1", "n4")] = 1.0
+    s.run(3.0)
     v = views(s)
-    assert "n1" in v["n2"].suspected and "n1" in v["n3"].suspected  # a second opinion agrees
-    assert {(x.observer, x.target) for x in s.suspicions if x.false} == {("n2", "n1"), ("n3", "n1")}
+    assert all("n1" in v[n].suspected for n in ("n2", "n3", "n4"))  # two others agree with each of them
+    assert "n1" not in v["n5"].suspected  # it hears n1
+    assert {(x.observer, x.target) for x in s.suspicions if x.false} == {("n2", "n1"), ("n3", "n1"), ("n4", "n1")}
+
+
+def test_in_a_three_node_cluster_one_other_opinion_suffices():
+    s = sim(names=["n1", "n2", "n3"])
+    s.run(1.0)
+    s.faults.path_loss.update({("n1", "n2"): 1.0, ("n1", "n3"): 1.0})  # n1's outbound link, say
+    s.run(2.0)
+    v = views(s)
+    assert "n1" in v["n2"].suspected and "n1" in v["n3"].suspected
 
 
 def test_ten_percent_loss_reaches_the_class_without_false_suspicions():
@@ -202,12 +216,25 @@ def test_cli_reports_a_size_out_of_reach_instead_of_skipping_it(capsys):
     assert "| 1000 |" in out and "not run" in out and "out of reach" in out
 
 
-def test_false_suspicions_under_heavy_loss_follow_the_model():
+def heavy_loss_false(monkeypatch, confirmations: int) -> list:
+    monkeypatch.setattr(hs.heartbeat_module, "CONFIRMATIONS", confirmations)
     s = sim(hs.Faults(loss=0.3), names=[f"n{i}" for i in range(10)], seed=1)
     s.run(1.0)
     start = len(s.suspicions)
     s.run(21.0)
     false = [x for x in s.suspicions[start:] if x.false]
     assert sum(n.hb.counters["suspicions"] for n in s.nodes) >= len(false)  # the class counted them too
-    model = hs.false_rate_model(10, INTERVAL, MISS, 0.3) * 20.0  # about 37: a rough model, clustered events
+    return false
+
+
+def test_false_suspicions_under_heavy_loss_follow_the_model(monkeypatch):
+    false = heavy_loss_false(monkeypatch, 1)  # the rule before: one other opinion
+    model = hs.false_rate_model(10, INTERVAL, MISS, 0.3, 1) * 20.0  # about 37: a rough model, clustered events
     assert model / 2 <= len(false) <= model * 2, (len(false), model)
+
+
+def test_two_confirmations_cut_the_false_suspicions_of_heavy_loss(monkeypatch):
+    one = heavy_loss_false(monkeypatch, 1)
+    two = heavy_loss_false(monkeypatch, 2)  # the class's rule, the same seed
+    model = hs.false_rate_model(10, INTERVAL, MISS, 0.3, 2) * 20.0  # about 1
+    assert len(two) <= max(3.0, 3 * model) and len(two) * 5 <= len(one), (len(one), len(two), model)
