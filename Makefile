@@ -122,6 +122,8 @@ lab-down: venv
 
 bench: deps venv
 	$(PY) benchmarks/core_bench.py
+	$(PY) benchmarks/heartbeat_sim.py --sizes 10,30 --seconds 5 --loss 0.2 --confirmations 1,2  # full: docs/benchmarks.md
+	$(PY) benchmarks/reload_memory.py --vips 2000 --reloads 4
 	$(PY) benchmarks/arp_latency.py -n 100 --sizes 1,1000 --no-busy --rates 2000,10000 --rate-seconds 0.25
 	$(PY) benchmarks/handover.py --cycles 5
 	$(PY) benchmarks/dataplane.py --seconds 5
