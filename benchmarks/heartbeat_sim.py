@@ -643,7 +643,7 @@ def footer(profile: str, loss: float, cost: tuple[float, float], wall_per_datagr
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0],
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n", maxsplit=1)[0],
                                  formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--sizes", default="10,30,100", help="cluster sizes, comma-separated (default 10,30,100)")
     ap.add_argument("--profile", choices=sorted(PROFILES), default="fast")

@@ -20,7 +20,7 @@ _spec.loader.exec_module(hs)
 
 INTERVAL, MISS = 0.025, 4  # the fast profile
 TIMEOUT = INTERVAL * MISS
-NAMES = ["n1", "n2", "n3", "n4", "n5"]
+NAMES = ("n1", "n2", "n3", "n4", "n5")
 
 
 def sim(faults=None, gossip=None, names=NAMES, seed=1, **kw):

@@ -34,7 +34,7 @@ def test_names_arriving_one_by_one_or_in_batches_decide_as_layer2_decision(monke
     for _round in range(12):
         parsed = random_config(rng)
         keys = [s.key for s in parsed.services]
-        pool = [f"node-{rng.randrange(10**6)}" for _ in range(40)]
+        pool = [f"node-{rng.randrange(10**6)}" for _i in range(40)]
         election, by_class = Election(), Election()
         names = pool[:3]
         while len(names) < len(pool):
