@@ -79,8 +79,8 @@ def service_docs(count: int, prefix: str = "svc", offset: int = 0) -> list[dict]
     return docs
 
 
-def l2_docs(vips: int) -> list[dict]:
-    """One pool over BASE with an L2Advertisement, and ``vips`` services, one address each."""
+def l2_docs(vips: int, labels: dict[str, str] | None = None) -> list[dict]:
+    """One pool over BASE with an L2Advertisement, and ``vips`` services, one address each (with ``labels``)."""
     docs: list[dict] = [
         {"apiVersion": "metallb.io/v1beta1", "kind": "IPAddressPool", "metadata": {"name": "grow"},
          "spec": {"addresses": [str(BASE)]}},
@@ -88,7 +88,8 @@ def l2_docs(vips: int) -> list[dict]:
          "spec": {"ipAddressPools": ["grow"]}}]
     for i in range(vips):
         ip = str(ipaddress.IPv4Address(int(BASE.network_address) + 1 + i))
-        docs.append({"apiVersion": "v1", "kind": "Service", "metadata": {"name": f"g{i}", "namespace": "bench"},
+        docs.append({"apiVersion": "v1", "kind": "Service",
+                     "metadata": {"name": f"g{i}", "namespace": "bench", "labels": dict(labels or {})},
                      "spec": {"type": "LoadBalancer", "ports": [{"port": 80, "protocol": "TCP"}]},
                      "status": {"loadBalancer": {"ingress": [{"ip": ip}]}}})
     return docs

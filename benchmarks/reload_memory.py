@@ -21,7 +21,6 @@ It runs once per allocator, side by side: CPython's default (pymalloc for small 
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import json
 import os
 import re
@@ -36,18 +35,11 @@ ALLOCATORS = {"pymalloc (default)": {}, "PYTHONMALLOC=malloc": {"PYTHONMALLOC": 
 
 
 def docs(n: int, tag: str) -> list[dict]:
-    out: list[dict] = [
-        {"apiVersion": "metallb.io/v1beta1", "kind": "IPAddressPool", "metadata": {"name": "bench"},
-         "spec": {"addresses": ["198.18.0.0/16"]}},  # RFC 2544's benchmarking range: 10,000 need a /16
-        {"apiVersion": "metallb.io/v1beta1", "kind": "L2Advertisement", "metadata": {"name": "bench"},
-         "spec": {"ipAddressPools": ["bench"]}}]
-    base = int(ipaddress.IPv4Address("198.18.0.1"))
-    for i in range(n):
-        out.append({"apiVersion": "v1", "kind": "Service",
-                    "metadata": {"name": f"s{i}", "namespace": "bench", "labels": {"edit": tag}},
-                    "spec": {"type": "LoadBalancer", "ports": [{"port": 80, "protocol": "TCP"}]},
-                    "status": {"loadBalancer": {"ingress": [{"ip": str(ipaddress.IPv4Address(base + i))}]}}})
-    return out
+    """core_bench's pool and services (198.18.0.0/16, RFC 2544's range: 10,000 need a /16), labelled ``tag``."""
+    sys.path.insert(0, str(HERE))
+    from core_bench import l2_docs  # noqa: PLC0415
+
+    return l2_docs(n, {"edit": tag})
 
 
 def rss_mb() -> float:
@@ -55,7 +47,7 @@ def rss_mb() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def pymalloc() -> dict[str, float]:
+def pymalloc() -> dict[str, int]:
     """pymalloc's arenas in use (sys._debugmallocstats, its stderr read back) and the blocks allocated."""
     import ctypes  # noqa: PLC0415
 

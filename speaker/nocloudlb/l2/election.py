@@ -9,7 +9,7 @@ size). Above it, nearly every VIP has an order of its own: each keeps a list and
 binary search over those prefixes (``insert``: one hash per VIP, where sorting again hashed every
 node), and the classes are kept with their last decision, so the caller redoes only the VIPs whose
 leader the new name changed. At 10,000 VIPs and 300 known nodes a new member costs about 40 ms where
-sorting again took 2.2 s (``benchmarks/core_bench.py``, both side by side). Many new names at once
+sorting again took 2.6 s (``benchmarks/core_bench.py``, both side by side). Many new names at once
 (the first view) are sorted in full.
 """
 
@@ -33,9 +33,14 @@ from nocloudlb.core.election import (
 )
 
 
-def _hash_order(names: tuple[str, ...], ip: str) -> tuple[str, ...]:
+def _ranked(names: tuple[str, ...], ip: str) -> tuple[list[str], dict[str, bytes]]:
+    """``ip``'s hash order of ``names``, and each one's key."""
     keys = {n: election_key(n, ip) for n in names}
-    return tuple(sorted(names, key=keys.__getitem__))
+    return sorted(names, key=keys.__getitem__), keys
+
+
+def _hash_order(names: tuple[str, ...], ip: str) -> tuple[str, ...]:
+    return tuple(_ranked(names, ip)[0])
 
 
 #: up to this many known nodes, equal orders are shared (interned, a class is the VIPs of one order) and a
@@ -49,8 +54,7 @@ PREFIX_BYTES = 4
 
 def hash_order(names: tuple[str, ...], ip: str) -> tuple[list[str], array]:
     """``ip``'s hash order of ``names`` and the first ``PREFIX_BYTES`` of each one's key, in that order."""
-    keys = {n: election_key(n, ip) for n in names}
-    order = sorted(names, key=keys.__getitem__)
+    order, keys = _ranked(names, ip)
     width = PREFIX_BYTES
     return order, array("I", [int.from_bytes(keys[n][:width], "big") for n in order])
 
@@ -130,7 +134,8 @@ class _Group:
 class Election:
     """``layer2_decision`` for every VIP of a config, computed once per kind of service and view rather
     than once per VIP, with each VIP's hash order of the known nodes kept between views (a view
-    change costs one pass over the VIPs, no hashing; a node never seen before re-sorts them once).
+    change costs one pass over the VIPs, no hashing; a node never seen before is inserted into them,
+    or sorts them again up to ``INTERN_MAX`` nodes: see the module docstring).
     Equal to ``layer2_decision`` VIP by VIP (tests/unit/speaker/test_speaker_scale_l2.py)."""
 
     def __init__(self) -> None:
