@@ -306,17 +306,22 @@ class Membership:
             if len(self.cluster.members()) > 1:
                 self._joined()
                 return
+            error = ""
             try:
                 self.cluster.join(seeds, timeout=max(2.0, float(self.settings.timing().get("probe_interval", 1)) * 4))
-                if len(self.cluster.members()) > 1 or self._stop.is_set():
-                    self._joined()
-                    return
             except kinship.JoinError as exc:
-                self._join_failed(seeds, str(exc))
+                error = str(exc)
             except (TimeoutError, kinship.KinshipClosed):
                 if self._stop.is_set():
                     return
-                self._join_failed(seeds, "join timed out")
+                error = "join timed out"
+            # Another member may have joined us while our own attempt failed (a slow seed, a loaded
+            # host): then we are in a cluster, and calling it refused would withdraw every VIP.
+            if len(self.cluster.members()) > 1 or self._stop.is_set():
+                self._joined()
+                return
+            if error:
+                self._join_failed(seeds, error)
             self.first_join_done.set()
             if self._stop.wait(delay):
                 return
