@@ -61,8 +61,11 @@ unit: venv router-tools
 sanity: venv
 	scripts/collection-tree.sh sanity
 
+# Two workers, a test file each at a time: every segment's namespaces carry a prefix of their own
+# (tests/netns/netns.py), and the tests mostly wait for timers, so two files share the cores well.
+NETNS_WORKERS ?= 2
 netns: deps venv
-	$(BIN)/pytest tests/netns -q -p no:cacheprovider
+	$(BIN)/pytest tests/netns -q -p no:cacheprovider -n $(NETNS_WORKERS) --dist loadfile
 
 labtests: deps venv
 	$(BIN)/pytest tests/lab -q -p no:cacheprovider
