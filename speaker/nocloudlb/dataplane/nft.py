@@ -23,17 +23,19 @@ from any director. Names of chains and counters are hashes of what they stand fo
 counter keeps counting across updates and every director names things alike.
 
 The first script (after ``base_script``) writes everything. Later ones touch only the rules that
-changed: flush their chains, drop the backend chains and counters no longer used, add the new
-ones, and the map element only when a rule appears or goes. nft applies a script as one
-transaction, so a change is atomic; a health flip of one backend rewrites one service's chains.
+changed: flush the chains whose rule changed, drop the backend chains and counters no longer
+used, add the new ones, and the map element only when a rule appears or goes. nft applies a
+script as one transaction, so a change is atomic; a health flip of one backend rewrites one
+service's chains (rr, wrr, sh) or a few elements of its map (maglev).
 
 A Maglev table lives in a named map per rule, keyed by the slot number (a plain hash map, one
-element per slot), not in an interval vmap inside the rule: a Maglev table has a run of
-slots per few entries, and nft turned its ~850 runs per service into intervals slowly (77.7 s
-for 1,000 services of 1021 slots). A change of the table is a delta of elements: a server
-going down deletes and re-adds the slots it held, nothing else. The map is declared with
-``typeof numgen inc mod 2`` (a 32-bit integer like the jhash result): ``typeof jhash ...``
-makes nft 1.0.6 crash when it lists the map.
+element per slot), not in an interval vmap inside the rule: a Maglev table has a run of slots
+per few entries, and nft turned its ~920 runs per service into intervals slowly (1,000 services
+of 1021 slots: 6.5-7.7 s of nft's CPU and about 1 GB for the first write). A change of the
+table is a delta of elements: a server going down deletes and re-adds the slots it held,
+nothing else (its chain and counter stay). The map is declared with ``typeof numgen inc mod 2``
+(a 32-bit integer like the jhash result): ``typeof jhash ...`` makes nft 1.0.6 crash when it
+lists the map.
 """
 
 from __future__ import annotations
@@ -84,10 +86,11 @@ class Rendered:
     fixed: list[str] = field(default_factory=list)  # pre/post/ingress rules
     ingress: dict[str, str] = field(default_factory=dict)  # DR ingress chain -> its "add chain" line
     snat_marks: dict[str, int] = field(default_factory=dict)  # snatAddress -> its ct mark
-    cache: dict[tuple, Unit] = field(default_factory=dict)  # a rule's content -> its unit
-    # id(rule) -> (the rule, its content key, the unit or None): the same Rule object again (a
-    # ``PlanMemo`` hands them out) is found without hashing its content
-    seen: dict[int, tuple[Rule, tuple, Unit | None]] = field(default_factory=dict)
+    # a rule's service chain -> (its content, its unit or None)
+    cache: dict[str, tuple[tuple, Unit | None]] = field(default_factory=dict)
+    # id(rule) -> (the rule, its service chain, content and unit): the same Rule object again (a
+    # ``PlanMemo`` hands them out) is found without comparing its content
+    seen: dict[int, tuple[Rule, str, tuple, Unit | None]] = field(default_factory=dict)
     # counter name -> (service, vip, protocol, port, backend ident)
     labels: dict[str, tuple[str, str, str, int, str]] = field(default_factory=dict)
     nets: list = field(default_factory=list)  # (interface, network) as DR rules were rendered with
@@ -214,21 +217,22 @@ def render(rules: list[Rule], ifaces: dict[str, tuple[int, list[str]]], old: Ren
         # would otherwise be re-rendered on every health flip of one backend)
         mark = out.snat_marks.get(r.snat_address or "")
         hit = old.seen.get(id(r)) if old is not None else None
-        u: Unit | None = None
-        if hit is not None and hit[0] is r and hit[1][8] == mark and (same_nets or r.method != "dr"):
-            key, u = hit[1], hit[2]
+        if hit is not None and hit[0] is r and hit[2][8] == mark and (same_nets or r.method != "dr"):
+            _r, sid, key, u = hit
+            reused = True
         else:
+            sid = rule_id(r)
             key = (r.service, r.vip, r.protocol, r.port, r.method, r.selector, tuple(r.slots), tuple(r.targets),
                    mark, tuple(nets) if r.method == "dr" else ())
-            u = old.cache.get(key) if old is not None else None
-        if old is None or (u is None and key not in old.cache):
-            u = _unit(r, nets, out.snat_marks, out.labels)
-        elif u is not None:
+            prev = old.cache.get(sid) if old is not None else None
+            reused = prev is not None and prev[0] == key
+            u = prev[1] if prev is not None and reused else _unit(r, nets, out.snat_marks, out.labels)
+        if reused and u is not None and old is not None:
             out.labels.update({b: old.labels[b] for b in u.chains if b in old.labels})
-        out.seen[id(r)] = (r, key, u)
+        out.seen[id(r)] = (r, sid, key, u)
+        out.cache[sid] = (key, u)
         if u is not None:
             out.units[u.sid] = u
-            out.cache[key] = u
     # fixed rules
     fixed = [f"add rule inet {TABLE} pre ip daddr . meta l4proto . th dport vmap @svc4",
              f"add rule inet {TABLE} pre ip6 daddr . meta l4proto . th dport vmap @svc6",
