@@ -153,8 +153,8 @@ def test_maglev_takeover_keeps_established_connections(lab, method):
     for d in (d1, d2):
         d.apply(docs)
         d.wait_programmed(all_in(2))
-    rules1 = [ln for ln in d1.nft().splitlines() if "jhash" in ln]
-    assert rules1 and rules1 == [ln for ln in d2.nft().splitlines() if "jhash" in ln]  # the same table
+    rules1 = _maglev_tables(d1.nft())
+    assert rules1 and rules1 == _maglev_tables(d2.nft())  # the same table
     point_client(seg, seg.hosts[0])
     held = [_hold(seg, 31000 + i) for i in range(8)]
     firsts = [h[0] for h in held]
@@ -170,6 +170,58 @@ def test_maglev_takeover_keeps_established_connections(lab, method):
     assert after == firsts, (firsts, after)  # every established connection still served, same server
     assert sum(b["packets"] for b in backends_of(d2.cmd("status"))) > before2  # through n2 now
     assert set(spread(requests(seg, 8))) == {"n3", "n4"}  # and new ones spread from n2
+
+
+def _maglev_tables(text: str) -> list[str]:
+    """The scheduler rules and every Maglev map element (slot : goto chain) of an nft listing."""
+    import re
+
+    return sorted([ln.strip() for ln in text.splitlines() if "jhash" in ln]
+                  + re.findall(r"\b\d+ : goto b[0-9a-f]+", text))
+
+
+def test_maglev_spreads_and_a_flow_keeps_its_server_when_another_goes_down(lab):
+    """DR with maglev: new flows spread over both servers; when n4 fails its check, the table
+    changes only in n4's slots (map element deltas), so connections held on n3 keep going to n3
+    packet after packet (DR hashes every packet, no conntrack), and n4's counter keeps its count."""
+    seg, director = lab
+    prepare(seg, "dr")
+    d1 = director(0)
+    health = '{"type": "tcp", "interval": 0.5, "timeout": 0.4, "rise": 2, "fall": 2}'
+    d1.apply(resources("dr", "maglev", health=health, ports=((80, "TCP"),)))
+    d1.wait_programmed(all_in(2))
+    table = _maglev_tables(d1.nft())
+    assert len([x for x in table if " : goto " in x and "jhash" not in x]) == 61  # 2 servers: 61 slots
+    point_client(seg, seg.hosts[0])
+    assert set(spread(requests(seg, 16))) == {"n3", "n4"}
+    held = [_hold(seg, 32000 + i) for i in range(12)]
+    on_n3 = [again for first, again in held if first == "n3"]
+    assert on_n3 and len(on_n3) < len(held), [h[0] for h in held]
+    before = {b["backend"]: b["packets"] for b in backends_of(d1.cmd("status"))}
+    n4 = seg.hosts[3]
+    seg.run(n4.ns, "nft add table inet blk && nft add chain inet blk in '{ type filter hook input priority 0; }' "
+                   "&& nft add rule inet blk in tcp dport 80 reject with tcp reset")
+
+    def wait(want) -> dict:
+        # the held connections talk all along (the server drops one idle for 5 s), and each
+        # answer must come from n3: through the change of the table, not only after it
+        end = time.monotonic() + 15
+        while True:
+            assert [again() for again in on_n3] == ["n3"] * len(on_n3)
+            st = d1.cmd("status")
+            if want(st):
+                return st
+            assert time.monotonic() < end, st
+            time.sleep(0.3)
+
+    st = wait(lambda st: in_table(st) == {"198.51.100.13:80"})
+    after = {b["backend"]: b["packets"] for b in backends_of(st)}
+    assert after["198.51.100.14:80"] >= before["198.51.100.14:80"] > 0  # not reset: chain and counter stay
+    assert spread(requests(seg, 8)) == {"n3": 8}
+    seg.run(n4.ns, "nft delete table inet blk")
+    wait(all_in(2))
+    assert _maglev_tables(d1.nft()) == table  # recovery: the same table as before
+    assert [again() for again in on_n3] == ["n3"] * len(on_n3)
 
 
 def test_nothing_stale_after_crash_restart_and_stop(lab):

@@ -28,6 +28,7 @@ failed check.
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 
@@ -132,10 +133,11 @@ def ready_everywhere() -> bool:
 
 
 def maglev_table(node: str) -> list[str]:
-    """The DR service's scheduler rule (its Maglev slots) as nft lists it; counters and ingress chains
-    (named after this node's ifindex) left out."""
+    """The DR service's scheduler rule, backend rules and Maglev slots (its map's elements) as nft
+    lists them; counters and ingress chains (named after this node's ifindex) left out."""
     out = lab.exec(node, ["nft", "list", "table", "netdev", "nocloudlb_dp_dr"]).stdout
-    return sorted(line.strip() for line in out.splitlines() if "jhash" in line or " fwd " in line)
+    return sorted([line.strip() for line in out.splitlines() if "jhash" in line or " fwd " in line]
+                  + re.findall(r"\b\d+ : goto b[0-9a-f]+", out))
 
 
 def reasserted(node: str) -> int:

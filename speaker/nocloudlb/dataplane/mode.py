@@ -48,7 +48,7 @@ from prometheus_client import REGISTRY
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from nocloudlb.core.backends import Rule, check_topology, dataplane_plan
+from nocloudlb.core.backends import PlanMemo, Rule, check_topology, dataplane_plan
 
 from ..backoff import Backoff, backoff_metrics
 from ..health import CheckSpec, HealthChecker
@@ -140,6 +140,7 @@ class DataplaneMode:
         self._thread: threading.Thread | None = None
         self._want: tuple[str, list[Any], Any] | None = None
         self._rules: list[Rule] = []  # what the tables hold
+        self._memo = PlanMemo()  # unchanged services are not planned again
         self._refused: dict[str, str] = {}  # refused before nft (topology, tun)
         self._error = ""
         self._updates = 0
@@ -283,7 +284,8 @@ class DataplaneMode:
             if self._refused.get(key) != why:
                 event(self.log, "backendsRefused", why, logging.ERROR, service=key)
         vips = eligible_vips(me, nodes, parsed)
-        rules = [r for r in dataplane_plan(parsed, self.health.healthy()) if r.vip in vips and r.service not in refused]
+        rules = [r for r in dataplane_plan(parsed, self.health.healthy(), self._memo)
+                 if r.vip in vips and r.service not in refused]
         self.forwarding.need = {r.family for r in rules if r.method in ("nat", "fullnat")}
         self.forwarding.check(sweep=True)
         t0 = time.monotonic()

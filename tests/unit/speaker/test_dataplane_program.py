@@ -161,3 +161,61 @@ def test_nft_printing_junk_is_counted_not_a_failure(tmp_path):
         NftTool(str(fails), log).apply("x")
     with pytest.raises(NftError, match="cannot run"):
         NftTool(str(tmp_path / "missing"), log).check("x")
+
+
+# --------------------------------------------------------------------------- Maglev maps
+
+
+def maglev_rule(down: set[int] = frozenset(), n: int = 10, scheduler: str = "maglev") -> Rule:
+    from nocloudlb.core.backends import maglev_with_health, slots_for
+
+    targets = [Target(f"198.51.100.{30 + i}", 80, 1, i not in down, f"198.51.100.{30 + i}:80") for i in range(n)]
+    names, weights, ok = [t.ident for t in targets], [1] * n, [t.healthy for t in targets]
+    if scheduler == "maglev":
+        slots = maglev_with_health(names, weights, ok)
+    else:
+        slots = slots_for(scheduler, weights, ok, names)
+    return Rule("prod/web", "203.0.113.7", "tcp", 80, "nat", scheduler, "jhash-flow", targets, slots)
+
+
+def test_maglev_slots_live_in_a_map_and_a_health_flip_changes_only_the_slots_of_that_server():
+    from nocloudlb.dataplane import nft
+
+    first = nft.render([maglev_rule()], IFACES)
+    (unit,) = first.units.values()
+    assert unit.map and len(unit.entries) == 251 and len(unit.chains) == 10
+    assert f"vmap @{unit.map}" in first.script and "vmap {" not in first.script
+    assert first.script.count(" : goto b") == 251  # one element per slot, no intervals
+    down = nft.render([maglev_rule({3})], IFACES, first)
+    lines = down.script.splitlines()
+    held = [s for s, c in enumerate(unit.entries) if c == unit.chains[3]]
+    assert [ln.split(" {")[0] for ln in lines] == [
+        f"delete element inet {nft.TABLE} {unit.map}", f"add element inet {nft.TABLE} {unit.map}"]
+    assert lines[0].endswith("{ " + ", ".join(map(str, held)) + " }")  # the failed server's slots, no other
+    assert lines[1].count(" : goto ") == len(held) and unit.chains[3] not in lines[1]
+    assert "counter" not in down.script  # chains and counters stay: the counter keeps counting
+    back = nft.render([maglev_rule()], IFACES, down)
+    assert back.script.replace("add element", "x").count(" : goto ") == len(held) and back.units == first.units
+
+
+def test_maglev_map_goes_and_comes_with_the_scheduler():
+    from nocloudlb.dataplane import nft
+
+    first = nft.render([maglev_rule()], IFACES)
+    (unit,) = first.units.values()
+    sh = nft.render([maglev_rule(scheduler="sh")], IFACES, first)
+    assert f"delete map inet {nft.TABLE} {unit.map}" in sh.script
+    assert sh.script.index(f"flush chain inet {nft.TABLE} {unit.sid}") < sh.script.index("delete map")
+    again = nft.render([maglev_rule()], IFACES, sh)
+    assert f"add map inet {nft.TABLE} {unit.map}" in again.script and again.script.count(" : goto b") == 251
+    gone = nft.render([], IFACES, again)
+    assert f"delete map inet {nft.TABLE} {unit.map}" in gone.script
+    assert gone.script.index("delete map") < gone.script.index("delete chain")  # elements referenced the chains
+
+
+def test_maglev_service_in_the_programmer_keeps_its_table_through_flips():
+    p, tool = make()
+    assert p.program([maglev_rule()], IFACES)
+    assert p.program([maglev_rule({0, 1})], IFACES)
+    assert tool.applied[-1].startswith("delete element") and len(tool.applied[-1].splitlines()) == 2
+    assert p.program([maglev_rule()], IFACES) and p.rules == [maglev_rule()]
