@@ -17,12 +17,12 @@ import subprocess
 import sys
 
 import pytest
-from nocloudlb.bgp.flows import FLOW_TABLE, FlowHandover
+from nocloudlb.bgp.flows import FLOW_TABLE, FlowHandover, netlink_resolver
 from prometheus_client import REGISTRY
 
 VIP, PORT = "203.0.113.10", 8093
 VIP2 = "203.0.113.11"
-DEAD = "192.0.2.66"  # a peer n2 cannot reach: a blackhole route to it (`ip route get` fails)
+DEAD = "192.0.2.66"  # a peer n2 cannot reach: a blackhole route to it (the route lookup fails)
 
 SERVER = r"""
 import socket, socketserver, sys
@@ -112,7 +112,8 @@ def _setup(seg, rate: int | None = None, burst: int | None = None, dead: tuple[s
     handovers = []
     for me, other in ((n1, n2), (n2, n1)):
         kw = {} if rate is None else {"rate": rate, "burst": burst}
-        fh = FlowHandover([*(dead if me is n2 else ()), other.ipv4], _runner(seg, me.ns), **kw)
+        fh = FlowHandover([*(dead if me is n2 else ()), other.ipv4], _runner(seg, me.ns),
+                          resolve=netlink_resolver(me.ns), **kw)
         fh.refresh({VIP})
         assert fh.status()["active"], fh.status()
         handovers.append(fh)
@@ -153,7 +154,7 @@ def test_over_the_limit_a_segment_is_dropped_not_reset(make_segment):
 
 
 def test_an_unreachable_peer_never_stops_the_refresh_toward_the_others(make_segment):
-    # defect 7 (issue 21): n2's `ip route get` for a blackholed peer failed, the whole refresh with it,
+    # n2's route lookup for a blackholed peer once failed the whole refresh with it,
     # and n2 handed nothing over to n1 (the old code raised here, before any table was written)
     seg = make_segment(hosts=2, client=True)
     n2 = seg.hosts[1]
@@ -163,7 +164,7 @@ def test_an_unreachable_peer_never_stops_the_refresh_toward_the_others(make_segm
     st = fh.status()
     assert st["peers"] == [n1.ipv4] and st["active"], st
     assert st["peerErrors"][DEAD]["state"] == "backoff" and st["peerErrors"][DEAD]["failures"] == 1, st
-    assert "RTNETLINK" in st["peerErrors"][DEAD]["error"], st
+    assert f"route lookup of {DEAD}: Invalid argument" in st["peerErrors"][DEAD]["error"], st
     assert REGISTRY.get_sample_value("nocloudlb_backoff_tool_failures_total", {"tool": f"bgp-flows-peer {DEAD}"}) == 1
     # the tables go away (`nft flush ruleset` elsewhere) and the VIPs change: the next refresh, with the dead
     # peer still backing off, writes both VIPs with the copy to n1

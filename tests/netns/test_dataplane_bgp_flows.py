@@ -18,7 +18,7 @@ import sys
 
 import pytest
 from dataplane_harness import HOLD_CODE, VIP, directors, in_table, point_client, prepare, resources
-from nocloudlb.bgp.flows import FLOW_TABLE, FlowHandover
+from nocloudlb.bgp.flows import FLOW_TABLE, FlowHandover, netlink_resolver
 
 
 @pytest.fixture
@@ -60,7 +60,8 @@ def test_dr_segments_of_moved_flows_are_forwarded_not_handed_over(lab):
     seg.run(n1.ns, ["ping", "-c1", "-W2", n2.ipv4])  # the neighbour entries the handover reads
     for me, other in ((n1, n2), (n2, n1)):
         seg.run(me.ns, f"ip addr add {VIP}/32 dev lo")
-        fh = FlowHandover([other.ipv4], lambda argv, stdin=None, ns=me.ns: seg.run(ns, argv, input=stdin).stdout)
+        fh = FlowHandover([other.ipv4], lambda argv, stdin=None, ns=me.ns: seg.run(ns, argv, input=stdin).stdout,
+                          resolve=netlink_resolver(me.ns))
         fh.refresh({VIP})
         assert fh.status()["active"], fh.status()
     point_client(seg, n1)

@@ -1,4 +1,4 @@
-"""Connections survive a change of next hops (issue 9, point 8): node-side flow handover.
+"""Connections survive a change of next hops: node-side flow handover.
 
 When a router's ECMP set changes (a node drained, added or back), the router rehashes and some
 established connections arrive at a node that does not know them; that node's TCP answers with
@@ -28,15 +28,17 @@ Rules (one nftables table per family, replaced in one ``nft -f``)::
 (conntrack's default ``nf_conntrack_tcp_loose=1`` picks it up as new); a FIN or RST of such a
 flow is ``invalid`` instead (conntrack never picks a flow up from them), and is handed over too,
 so that a connection of a drained node also closes on it (a half-close waits for its answer).
-Copies go only to peers on the same link (``ip route get`` without a gateway) whose MAC the
-neighbour table knows. The rate limit bounds what a flood of spoofed segments can make a node
+Copies go only to peers on the same link (a route lookup without a gateway) whose MAC the
+neighbour table knows; both are asked over netlink from this process (pyroute2), so a refresh
+starts no process per peer (two ``ip`` processes per peer and refresh before: about 600 a second
+at 300 nodes). The rate limit bounds what a flood of spoofed segments can make a node
 send; its burst is one second of it, since a rehash moves many flows at the same instant (with
 nft's default burst of 5 segments, 12 segments in 0.4 ms after a drain went over it, and the
 segments over the limit were answered with resets: the drained node's connections that broke).
 Over the limit a segment is dropped, not reset: its sender sends it again and the copy goes then.
 
-Each peer is resolved on its own (issue 21, defect 7: one blackholed peer's failing ``ip route get``
-stopped every refresh, and flows toward the other peers were no longer handed over). A peer whose
+Each peer is resolved on its own (one blackholed peer's failing route lookup once stopped every
+refresh, and flows toward the other peers were no longer handed over). A peer whose
 resolution fails (an error, or no answer within ``PEER_DEADLINE``) is logged with its address
 (``bgpFlowPeerFailed``, once per new error; ``bgpFlowPeerRecovered``), counted and backed off on its
 own ``Backoff`` (``nocloudlb_backoff_*{tool="bgp-flows-peer ADDRESS"}``, ``peerErrors`` in the status),
@@ -46,14 +48,20 @@ keeps the entry it last resolved to, if any; the others are written at once.
 from __future__ import annotations
 
 import ipaddress
-import json
 import logging
+import os
+import socket
+import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
 from typing import Any
+
+from pyroute2 import IPRoute
+from pyroute2.netlink.exceptions import NetlinkError
+from pyroute2.netlink.rtnl.ndmsg import NUD_FAILED
 
 from nocloudlb.core.schema import FLOW_HANDOVER_RATE
 
@@ -69,6 +77,8 @@ REAPPLY = 30.0  # seconds: the tables are written again even when unchanged
 # a node label that turns the handover off on that node (any other value, or none: on)
 OFF_LABEL = "nocloud.io/bgp-flow-handover"
 PEER_DEADLINE = 1.0  # seconds a refresh waits for one peer's resolution; a later answer counts at the next one
+NEIGHBOURS_MAX_AGE = 0.2  # seconds a dump of the neighbour table serves the lookups of one refresh
+RTN_UNICAST = 1  # a route's type (linux/rtnetlink.h): local, blackhole, unreachable... are others
 PEER_BACKOFF_BASE, PEER_BACKOFF_CEILING = 1.0, 60.0  # a failing peer: tried again after 0.5-1 s, ..., at most 60 s
 
 
@@ -116,28 +126,58 @@ def flow_rules(vips: Iterable[str], peers: Iterable[Peer], rate: int = DEFAULT_R
     return "\n".join(out) + "\n"
 
 
-def resolve_peer(address: str, run: Callable[[list[str]], str]) -> tuple[Peer | None, str]:
-    """``address`` as an on-link peer with its MAC and device, or (None, why it is left out) when it is not
-    one (yet): behind a gateway, no neighbour entry. Raises when ``ip`` fails (``run``: argv -> stdout)."""
-    route = (json.loads(run(["ip", "-j", "route", "get", address]) or "[]") or [{}])[0]
-    device = route.get("dev", "")
-    if route.get("gateway") or not device or device == "lo":
-        return None, f"{address}: not on a link of this node (route {route})"
-    neigh = json.loads(run(["ip", "-j", "neigh", "show", address, "dev", device]) or "[]")
-    mac = next((n.get("lladdr") for n in neigh if n.get("lladdr") and "FAILED" not in (n.get("state") or [])),
-               None)
-    if not mac:
-        return None, f"{address}: no neighbour entry yet"
-    return Peer(address, mac, device), ""
+Resolve = Callable[[str], tuple[Peer | None, str]]
 
 
-def resolve_peers(addresses: Iterable[str], run: Callable[[list[str]], str]) -> tuple[list[Peer], list[str]]:
-    """The on-link peers among ``addresses`` (one by one, see ``resolve_peer``), and why the others were left
-    out; one that fails is left out with its error, never the others."""
+def netlink_resolver(netns: str | None = None, max_age: float = NEIGHBOURS_MAX_AGE) -> Resolve:
+    """A ``Resolve``: ``address`` as an on-link peer with its MAC and device, or (None, why it is left out)
+    when it is not one (yet): behind a gateway, local, no neighbour entry. Asks the kernel over netlink
+    (the network namespace ``netns``, default this process's): a route lookup per address, and the
+    neighbour table and link names dumped once for all the peers of a refresh (at most ``max_age``
+    seconds old; the kernel has no working lookup of one neighbour through pyroute2, and filtering a
+    dump per peer costs a dump per peer). Raises when the kernel refuses the lookup (no route, a
+    blackhole: "route lookup of ADDRESS: Invalid argument"). Safe to call from several threads."""
+    lock = threading.Lock()
+    snapshot: dict[str, Any] = {"at": -1e9, "neigh": {}, "links": {}}
+
+    def tables(ipr: IPRoute) -> tuple[dict[tuple[str, int], str], dict[int, str]]:
+        with lock:
+            if time.monotonic() - snapshot["at"] > max_age:
+                snapshot["neigh"] = {(n.get("NDA_DST"), n["ifindex"]): n.get("NDA_LLADDR")
+                                     for n in ipr.get_neighbours()
+                                     if n.get("NDA_LLADDR") and not n["state"] & NUD_FAILED}
+                snapshot["links"] = {link["index"]: link.get("IFLA_IFNAME", "") for link in ipr.get_links()}
+                snapshot["at"] = time.monotonic()
+            return snapshot["neigh"], snapshot["links"]
+
+    def resolve(address: str) -> tuple[Peer | None, str]:
+        family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        with (IPRoute(netns=netns) if netns else IPRoute()) as ipr:
+            try:
+                route = ipr.route("get", dst=address, family=family)[0]
+            except NetlinkError as exc:
+                raise OSError(f"route lookup of {address}: {os.strerror(exc.code)}") from None
+            neigh, links = tables(ipr)
+        index = route.get("RTA_OIF")
+        device = links.get(index, "") if index else ""
+        gateway = route.get("RTA_GATEWAY")
+        if gateway or not device or device == "lo" or route.get("type") != RTN_UNICAST:
+            return None, f"{address}: not on a link of this node (route via {gateway or '-'} dev {device or '-'})"
+        mac = neigh.get((str(ipaddress.ip_address(address)), index))
+        if not mac:
+            return None, f"{address}: no neighbour entry yet"
+        return Peer(address, mac, device), ""
+
+    return resolve
+
+
+def resolve_peers(addresses: Iterable[str], resolve: Resolve) -> tuple[list[Peer], list[str]]:
+    """The on-link peers among ``addresses`` (one by one, see ``netlink_resolver``), and why the others were
+    left out; one that fails is left out with its error, never the others."""
     peers, skipped = [], []
     for address in addresses:
         try:
-            peer, why = resolve_peer(address, run)
+            peer, why = resolve(address)
         except Exception as exc:  # noqa: BLE001 - this peer's failure, not the others'
             peer, why = None, f"{address}: {exc}"
         if peer is None:
@@ -150,10 +190,10 @@ def resolve_peers(addresses: Iterable[str], run: Callable[[list[str]], str]) -> 
 class PeerResolver:
     """Resolves every peer on its own, in parallel, each under a deadline and a back-off of its own."""
 
-    def __init__(self, addresses: list[str], run: Callable[[list[str]], str], metrics: BackoffCollector | None,
+    def __init__(self, addresses: list[str], resolve: Resolve, metrics: BackoffCollector | None,
                  deadline: float = PEER_DEADLINE) -> None:
         self.addresses = addresses
-        self.run = run
+        self.resolve_one = resolve
         self.deadline = deadline
         self.backoffs = {a: self._backoff(a) for a in addresses}
         if metrics is not None:
@@ -174,7 +214,7 @@ class PeerResolver:
                                             thread_name_prefix="bgp-flows-peer")
         for address in self.addresses:
             if address not in self._pending and self.backoffs[address].ready():
-                self._pending[address] = self._pool.submit(resolve_peer, address, self.run)
+                self._pending[address] = self._pool.submit(self.resolve_one, address)
         # a peer already late is not waited for again: its answer is taken when it comes
         wait_futures([f for a, f in self._pending.items() if a not in self._late], timeout=self.deadline)
         peers, skipped = [], []
@@ -243,7 +283,8 @@ class FlowHandover:
 
     def __init__(self, peers: Iterable[str], run: Callable[[list[str], str | None], str],
                  rate: int = DEFAULT_RATE, burst: int | None = None,
-                 metrics: BackoffCollector | None = None, deadline: float = PEER_DEADLINE) -> None:
+                 metrics: BackoffCollector | None = None, deadline: float = PEER_DEADLINE,
+                 resolve: Resolve | None = None) -> None:
         self.addresses = list(dict.fromkeys(peers))
         self.run = run  # (argv, stdin) -> stdout; raises on failure
         self.rate = rate
@@ -253,7 +294,7 @@ class FlowHandover:
         self.error = ""
         self.peers: list[Peer] = []
         self.skipped: list[str] = []
-        self.resolver = PeerResolver(self.addresses, lambda argv: self.run(argv, None),
+        self.resolver = PeerResolver(self.addresses, resolve or netlink_resolver(),
                                      backoff_metrics() if metrics is None else metrics, deadline)
 
     def refresh(self, vips: Iterable[str]) -> None:

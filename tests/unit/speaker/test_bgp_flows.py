@@ -1,4 +1,4 @@
-"""Point 8's flow handover rules (bgp/flows.py), checked by the real nft and ip in a namespace of our own.
+"""The flow handover rules (bgp/flows.py), checked by the real nft and netlink in a namespace of our own.
 
 The behaviour on the wire (0 of 90 long-lived connections broken on a drain, against 28 + 15 without)
 is proven by the molecule scenario bgp (verify_bgp.py, section 4c).
@@ -13,7 +13,7 @@ import time
 import uuid
 
 import pytest
-from nocloudlb.bgp.flows import FLOW_TABLE, FlowHandover, Peer, flow_rules, resolve_peers
+from nocloudlb.bgp.flows import FLOW_TABLE, FlowHandover, Peer, flow_rules, netlink_resolver, resolve_peers
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("nft"), reason="needs root and nft")
 
@@ -47,17 +47,38 @@ def runner(ns: str):
 
 
 def test_peers_resolved_on_link_only(netns):
-    run = runner(netns)
-    peers, skipped = resolve_peers(["198.51.100.2", "198.51.100.3", "192.0.2.9", "2001:db8:1::2"], run)
+    subprocess.run(["ip", "netns", "exec", netns, "ip", "route", "add", "blackhole", "192.0.2.66/32"], check=True)
+    peers, skipped = resolve_peers(["198.51.100.2", "198.51.100.3", "192.0.2.9", "2001:db8:1::2", "198.51.100.1",
+                                    "192.0.2.66", "203.0.113.99"], netlink_resolver(netns))
     assert peers == [Peer("198.51.100.2", "02:00:00:00:00:02", "nlba"),
                      Peer("2001:db8:1::2", "02:00:00:00:00:02", "nlba")]
-    assert [s.split(":")[0] for s in skipped[:1]] == ["198.51.100.3"] and "no neighbour entry" in skipped[0]
-    assert skipped[1].startswith("192.0.2.9: not on a link")
+    assert skipped == ["198.51.100.3: no neighbour entry yet",
+                       "192.0.2.9: not on a link of this node (route via 198.51.100.254 dev nlba)",
+                       "198.51.100.1: not on a link of this node (route via - dev lo)",  # our own address
+                       "192.0.2.66: route lookup of 192.0.2.66: Invalid argument",  # a blackhole
+                       "203.0.113.99: route lookup of 203.0.113.99: Network is unreachable"]
+
+
+def test_a_refresh_starts_no_process_but_nft(netns):
+    # the peers are resolved over netlink in this process: with 40 peers, the only commands run are nft's
+    real, calls = runner(netns), []
+
+    def run(argv: list[str], stdin: str | None = None) -> str:
+        calls.append(argv[0])
+        return real(argv, stdin)
+
+    peers = ["198.51.100.2", *(f"198.51.100.{i}" for i in range(10, 49))]
+    handover = FlowHandover(peers, run, resolve=netlink_resolver(netns))
+    for _i in range(3):
+        handover.refresh({"203.0.113.10"})
+    assert handover.status()["peers"] == ["198.51.100.2"] and len(handover.skipped) == 39
+    assert calls == ["nft"], calls  # one nft -f: the later refreshes found the rules unchanged
+    handover.clear()
 
 
 def test_rules_load_replace_and_go(netns):
     run = runner(netns)
-    handover = FlowHandover(["198.51.100.2", "2001:db8:1::2"], run)
+    handover = FlowHandover(["198.51.100.2", "2001:db8:1::2"], run, resolve=netlink_resolver(netns))
     handover.refresh({"203.0.113.10", "2001:db8:5::10"})
     listed = run(["nft", "list", "ruleset"])
     assert f"table ip {FLOW_TABLE}" in listed and f"table ip6 {FLOW_TABLE}" in listed
@@ -80,7 +101,7 @@ def test_the_limit_has_a_burst_and_never_resets(netns):
     # limit a segment is dropped (its sender retransmits); FIN/RST of unknown flows (conntrack:
     # invalid) are handed over too. The behaviour on the wire: tests/netns/test_bgp_flow_handover.py
     run = runner(netns)
-    FlowHandover(["198.51.100.2"], run, rate=300).refresh({"203.0.113.10"})
+    FlowHandover(["198.51.100.2"], run, rate=300, resolve=netlink_resolver(netns)).refresh({"203.0.113.10"})
     chain = run(["nft", "list", "chain", "ip", FLOW_TABLE, "unknown"])
     lines = [line.strip() for line in chain.splitlines() if "drop" in line]
     assert lines[0].startswith("ether saddr @peers")
@@ -93,20 +114,20 @@ def test_the_limit_has_a_burst_and_never_resets(netns):
 
 
 def test_a_peer_that_hangs_or_fails_never_delays_or_stops_the_others(netns):
-    # defect 7 (issue 21): one peer's failing `ip` stopped every refresh. Here `ip` hangs for one peer (a
-    # stand-in around the real ip: `sleep` instead) and fails for another (a blackhole route, the real ip)
+    # one peer's failing lookup once stopped every refresh. Here the lookup hangs for one peer (a stand-in
+    # around the real one: a sleep instead) and fails for another (a blackhole route, the real lookup)
     hung, dead = "198.51.100.77", "192.0.2.66"
     subprocess.run(["ip", "netns", "exec", netns, "ip", "route", "add", "blackhole", f"{dead}/32"], check=True)
-    real = runner(netns)
+    real, lookup = runner(netns), netlink_resolver(netns)
     calls: list[str] = []
 
-    def run(argv: list[str], stdin: str | None = None) -> str:
-        if hung in argv:
+    def resolve(address: str) -> tuple[Peer | None, str]:
+        if address == hung:
             calls.append(hung)
-            return real(["sleep", "3"])
-        return real(argv, stdin)
+            time.sleep(3)
+        return lookup(address)
 
-    handover = FlowHandover([hung, dead, "198.51.100.2"], run, deadline=0.5)
+    handover = FlowHandover([hung, dead, "198.51.100.2"], real, deadline=0.5, resolve=resolve)
     t0 = time.monotonic()
     handover.refresh({"203.0.113.10"})
     first = time.monotonic() - t0
@@ -115,7 +136,7 @@ def test_a_peer_that_hangs_or_fails_never_delays_or_stops_the_others(netns):
     assert st["active"] and st["peers"] == ["198.51.100.2"], st
     assert set(st["peerErrors"]) == {hung, dead}, st
     assert "no answer within 0.5s" in st["peerErrors"][hung]["error"]
-    assert "RTNETLINK" in st["peerErrors"][dead]["error"]
+    assert "route lookup of 192.0.2.66: Invalid argument" in st["peerErrors"][dead]["error"]
     assert 'dup to 198.51.100.2 device "nlba"' in real(["nft", "list", "ruleset"])
     t0 = time.monotonic()
     for _i in range(5):  # while the hung call runs and the dead peer backs off: no wait, no new call
