@@ -103,6 +103,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .heartbeat_io import Sockets
+from .heartbeat_outbox import META_REPEAT, Outbox
 from .heartbeat_report import REJECT_LOG_EVERY, REJECTED, Report
 from .heartbeat_rule import NO_QUORUM_HOLD, HeartbeatView, Peer, PeerTable
 from .heartbeat_wire import (
@@ -128,7 +129,6 @@ __all__ = ["CONFIRMATIONS", "F_DEAF", "F_META", "F_NO_QUORUM", "F_PARTIAL", "F_S
            "MAX_PACKET", "META_REPEAT", "NO_QUORUM_HOLD", "QUIET_LATE", "REJECTED", "REJECT_LOG_EVERY", "Heartbeat",
            "HeartbeatView", "Packet", "PacketError", "_mac", "check_settings", "decode", "derive_keys", "encode"]
 
-META_REPEAT = 3
 #: members heard that must miss a member too before this node suspects it (fewer when fewer are heard: with
 #: three nodes the one other; see the rule in the module docstring). With one, the false suspicions from loss
 #: grow with the cluster (any one of N - 2 others that also lost the member's last datagrams is enough:
@@ -172,8 +172,9 @@ class Heartbeat:
     """See the module docstring. ``set_peers`` from the decision thread at every reconcile.
 
     The coordinator and the thread: it owns the sockets (heartbeat_io.Sockets), the reader of the
-    datagrams (heartbeat_wire.Reader), the members' table and rule (heartbeat_rule.PeerTable) and the
-    counters and log lines (heartbeat_report.Report); it sends, receives and calls back."""
+    datagrams (heartbeat_wire.Reader), the members' table and rule (heartbeat_rule.PeerTable), what
+    is sent (heartbeat_outbox.Outbox) and the counters and log lines (heartbeat_report.Report); it
+    sends, receives and calls back."""
 
     def __init__(self, name: str, bind_ip: str, port: int, keys: list[str] | None, interval: float, miss: int,
                  on_change: Callable[[], None] = lambda: None, logger: logging.Logger | None = None,
@@ -192,13 +193,9 @@ class Heartbeat:
         self._io = Sockets(bind_ip, port, self.log)
         self._table = PeerTable(self.interval, self.timeout)
         self._report = Report(self.log, clock, self.timeout)
-        self._boot = time.time_ns()
-        self._seq = 0
+        self._outbox = Outbox(name)
         self._lock = threading.Lock()  # guards the table and what is sent
         self._peers = self._table.peers  # the same dict, for the tests' eyes
-        self._meta: dict[str, str] | None = None
-        self._meta_seq = 0
-        self._meta_left: dict[str, int] = {}  # peer -> packets that still carry the meta
         self._view = HeartbeatView()
         self._missing: frozenset[str] = frozenset()  # members this node misses now (raw, before the rule)
         self._stop = threading.Event()
@@ -208,7 +205,6 @@ class Heartbeat:
         self._deadline = 0.0  # monotonic time by which a heard member's timeout may end: evaluate then
         self._quiet = False  # nothing happening: the routine socket is read at send ticks only
         self._heard: frozenset[str] = frozenset()  # members heard at the last evaluation (F_DEAF for the others)
-        self._round = 0  # rounds of datagrams sent (a cut missing list rotates by it)
         self._configured = 1  # members configured (the join list with this node): the quorum's floor
         self._known = 1  # members gossip knows (alive, suspect, dead; not left), this node included
         self._witness: Callable[[], bool] | None = None  # the witness answers now (see set_witness)
@@ -247,13 +243,12 @@ class Heartbeat:
             for name in list(self._peers):
                 if name not in peers:
                     del self._peers[name]  # dead or left for gossip: forget it (heard_once too)
-                    self._meta_left.pop(name, None)
+                    self._outbox.forget(name)
             for name, (addr, state) in peers.items():
                 p = self._peers.get(name)
                 if p is None:
                     self._peers[name] = Peer(addr, state, now)
-                    if self._meta is not None:
-                        self._meta_left[name] = META_REPEAT
+                    self._outbox.greet(name)
                 elif p.addr != addr or p.gossip_state != state:
                     p.addr, p.gossip_state = addr, state
             self._dirty = True
@@ -262,11 +257,8 @@ class Heartbeat:
     def set_meta(self, meta: Mapping[str, str]) -> None:
         """This node published ``meta``: push it to every peer now (and in the next packets)."""
         with self._lock:
-            if self._meta == dict(meta):
+            if not self._outbox.publish(meta, self._peers):
                 return
-            self._meta = dict(meta)
-            self._meta_seq += 1
-            self._meta_left = dict.fromkeys(self._peers, META_REPEAT)
         self._send_all(self._clock())
 
     def set_keys(self, keys: list[str] | None) -> None:
@@ -356,20 +348,9 @@ class Heartbeat:
             return
         view = self._view
         with self._lock:
-            out = []
-            for name, p in self._peers.items():
-                self._seq += 1
-                meta = None
-                if self._meta is not None and self._meta_left.get(name, 0) > 0:
-                    self._meta_left[name] -= 1
-                    meta = self._meta
-                pkt = Packet(self.name, name, self._boot, self._seq, p.my_suspicions, self._meta_seq,
-                             name in view.suspected, meta, tuple(sorted(self._missing - {name})))
-                out.append((p.addr, pkt, name not in self._heard))
+            out, rotation = self._outbox.round(self._peers, view.suspected, self._missing, self._heard)
             key = self._reader.keys[0]
             no_quorum = not view.quorum
-            self._round += 1
-            rotation = self._round
         for addr, pkt, deaf in out:
             try:
                 sock.sendto(encode(pkt, key, no_quorum=no_quorum, deaf=deaf, rotation=rotation), addr)
