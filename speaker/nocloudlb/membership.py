@@ -232,11 +232,11 @@ class Membership:
         #: True once kinship stopped without leave() (an internal error): members() is meaningless then,
         #: and the daemon fails closed (withdraws everything and exits so it is restarted).
         self.closed = False
-        self._joiner = Joiner(lambda: self.cluster, self._stop, lambda: self.on_change(), self.log)
+        self._joiner = Joiner(lambda: self.cluster, self._stop, self._changed, self.log)
         self._heals = HealSync(settings.name, lambda: self.cluster, self.members, self._stop, self._lock, self.log)
         self._pump = EventPump(settings.name, lambda: self.cluster, self.stats, self.members, self._joiner,
                                self._heals, known=self._known, lock=self._lock, stop=self._stop,
-                               pause_threshold=self.pause_threshold, on_change=lambda: self.on_change(),
+                               pause_threshold=self.pause_threshold, on_change=self._changed,
                                on_heal=self._heal, on_message=lambda: self.on_message, on_closed=self._set_closed,
                                log=self.log)
 
@@ -270,6 +270,9 @@ class Membership:
         event(self.log, "memberlistLeft", node=self.settings.name)
 
     close = leave
+
+    def _changed(self) -> None:
+        self.on_change()  # the callback as it is now (the parts hold this method, not the callback)
 
     def _set_closed(self) -> None:
         """The gossip layer stopped on its own: the view of the cluster is unknown from now on."""
