@@ -94,244 +94,54 @@ evaluated only when a datagram changed something, the peers changed, or a member
 
 from __future__ import annotations
 
-import base64
-import ctypes
-import functools
-import hashlib
-import hmac
-import json
 import logging
 import math
 import select
-import socket
-import struct
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
-from prometheus_client import Counter
-
-from nocloudlb.core.quorum import has_quorum, quorum_total
-
+from .heartbeat_io import Sockets
+from .heartbeat_outbox import META_REPEAT, Outbox
+from .heartbeat_report import REJECT_LOG_EVERY, REJECTED, Report
+from .heartbeat_rule import NO_QUORUM_HOLD, HeartbeatView, Peer, PeerTable
+from .heartbeat_wire import (
+    F_DEAF,
+    F_META,
+    F_NO_QUORUM,
+    F_PARTIAL,
+    F_SUSPECT_YOU,
+    MAC_LEN,
+    MAGIC,
+    MAX_PACKET,
+    Packet,
+    PacketError,
+    Reader,
+    _mac,
+    decode,
+    derive_keys,
+    encode,
+)
 from .logs import event
 
-REJECTED = Counter("nocloudlb_heartbeat_rejected", "Heartbeat datagrams dropped, by reason", ["reason"])
+__all__ = ["CONFIRMATIONS", "F_DEAF", "F_META", "F_NO_QUORUM", "F_PARTIAL", "F_SUSPECT_YOU", "MAC_LEN", "MAGIC",
+           "MAX_PACKET", "META_REPEAT", "NO_QUORUM_HOLD", "QUIET_LATE", "REJECTED", "REJECT_LOG_EVERY", "Heartbeat",
+           "HeartbeatView", "Packet", "PacketError", "_mac", "check_settings", "decode", "derive_keys", "encode"]
 
-MAGIC = b"NLH2"  # its last byte is the format's version; flags 4, 8 and 16 were added compatibly
-F_SUSPECT_YOU = 1
-F_META = 2
-F_NO_QUORUM = 4  # the sender has no quorum now: it takes nothing new, the others leave it out of the election
-F_DEAF = 8  # the sender has not heard the recipient within interval x miss (raw, before any rule)
-F_PARTIAL = 16  # the missing list was cut to fit the datagram (the names rotate from packet to packet)
-MAC_LEN = 16
-META_REPEAT = 3
-MAX_PACKET = 2048  # the receiver reads at most this; encode never writes more, whatever the cluster size
-#: the longest fixed part (names of 255 bytes, counters, the missing count, the HMAC): the meta must fit beside it
-_FIXED_MAX = len(MAGIC) + 2 + 255 + 1 + 255 + 24 + 1 + MAC_LEN
-#: rejected datagrams are logged once per reason per this many seconds (counted every time)
-REJECT_LOG_EVERY = 10.0
 #: members heard that must miss a member too before this node suspects it (fewer when fewer are heard: with
 #: three nodes the one other; see the rule in the module docstring). With one, the false suspicions from loss
 #: grow with the cluster (any one of N - 2 others that also lost the member's last datagrams is enough:
-#: benchmarks/heartbeat_sim.py); with two, three paths must lose ``miss`` datagrams in a row at once
+#: benchmarks/heartbeat_sim.py); with two, three paths must lose ``miss`` datagrams in a row at once.
+#: Read at each evaluation (the simulator sets it here).
 CONFIRMATIONS = 2
-#: heartbeat timeouts a member must keep saying it has no quorum before it is left out of the election
-NO_QUORUM_HOLD = 3
-_HEAD = struct.Struct("!QQII")  # boot, seq, suspicions, meta seq
-_TIMESPEC = struct.Struct("@qq")
-SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux: each datagram's arrival time (timespec)
-SO_ATTACH_REUSEPORT_CBPF = getattr(socket, "SO_ATTACH_REUSEPORT_CBPF", 51)
 #: a member not heard for this many intervals makes the thread read every datagram at once
 QUIET_LATE = 1.5
-
-# The reuseport group's program (classic BPF, offsets from the UDP payload): socket 0 (routine) for a
-# datagram with flags 0 and an empty missing list, socket 1 (news) for any other (a datagram too short
-# to read ends the program with 0: routine, and decode refuses it there).
-_STEER = [
-    (0x30, 0, 0, 4),    # ldb [4]          flags
-    (0x15, 0, 8, 0),    # jeq #0, next, news
-    (0x30, 0, 0, 5),    # ldb [5]          sender length
-    (0x07, 0, 0, 0),    # tax
-    (0x50, 0, 0, 6),    # ldb [x + 6]      recipient length
-    (0x0C, 0, 0, 0),    # add x
-    (0x07, 0, 0, 0),    # tax
-    (0x50, 0, 0, 31),   # ldb [x + 31]     missing count (6 + s + 1 + r + 24)
-    (0x15, 0, 1, 0),    # jeq #0, routine, news
-    (0x06, 0, 0, 0),    # ret #0           routine
-    (0x06, 0, 0, 1),    # ret #1           news
-]
 
 #: bounds of the settings (the profile's, or memberlist overrides)
 INTERVAL_MIN, INTERVAL_MAX = 0.005, 5.0
 MISS_MIN, MISS_MAX = 2, 100
 OFFSET_MAX = 1000
-
-
-class PacketError(ValueError):
-    """A datagram that is not a valid heartbeat (the reason in the message; ``reason``: its metric label)."""
-
-    def __init__(self, message: str, reason: str = "malformed") -> None:
-        super().__init__(message)
-        self.reason = reason
-
-
-def derive_keys(keys: list[str] | None) -> list[bytes]:
-    """HMAC keys from the memberlist keys (base64, 32 bytes each); ``[b""]`` without keys."""
-    if not keys:
-        return [b""]
-    return [hmac.new(base64.b64decode(k), b"nocloudlb heartbeat v1", hashlib.sha256).digest() for k in keys]
-
-
-class Packet(NamedTuple):  # a tuple: built for every datagram, a frozen dataclass costs 3 us more
-    sender: str
-    recipient: str
-    boot: int
-    seq: int
-    suspicions: int
-    meta_seq: int
-    suspect_you: bool = False
-    meta: dict[str, str] | None = None
-    missing: tuple[str, ...] = ()
-    no_quorum: bool = False  # F_NO_QUORUM
-    deaf: bool = False  # F_DEAF: the sender does not hear the recipient
-    partial: bool = False  # F_PARTIAL: ``missing`` is a part of the sender's list
-
-
-class _Mac:
-    """HMAC-SHA256 of the stdlib, keyed once: a datagram's tag copies the keyed object (its inner and
-    outer hashes are computed once per key), instead of keying a new one per datagram."""
-
-    __slots__ = ("_keyed",)
-
-    def __init__(self, key: bytes) -> None:
-        self._keyed = hmac.new(key, digestmod=hashlib.sha256)
-
-    def tag(self, body: bytes) -> bytes:
-        h = self._keyed.copy()
-        h.update(body)
-        return h.digest()[:MAC_LEN]
-
-
-@functools.lru_cache(maxsize=64)
-def _mac(key: bytes) -> _Mac:
-    return _Mac(key)
-
-
-@functools.lru_cache(maxsize=512)
-def _prefix(sender: str, recipient: str, flags: int) -> bytes:
-    s, r = sender.encode(), recipient.encode()
-    if not 0 < len(s) < 256 or len(r) >= 256:
-        raise ValueError("heartbeat: node names are 1 to 255 bytes")
-    return MAGIC + bytes([flags, len(s)]) + s + bytes([len(r)]) + r
-
-
-@functools.lru_cache(maxsize=512)
-def _names(missing: tuple[str, ...], budget: int = MAX_PACKET, rotation: int = 0) -> tuple[bytes, bool]:
-    """The missing list's bytes within ``budget`` bytes (count included) and whether it was cut. A list
-    that does not fit is taken from position ``rotation x k`` on (``k``: how many names fit from the
-    first), wrapping around, as far as it fits: the caller counts ``rotation`` up from one round of
-    datagrams to the next, so every name travels in turn."""
-    names = [n.encode() for n in missing]
-    if any(not 0 < len(n) < 256 for n in names):
-        raise ValueError("heartbeat: node names are 1 to 255 bytes")
-    if len(names) <= 255 and 1 + sum(1 + len(n) for n in names) <= budget:
-        return bytes([len(names)]) + b"".join(bytes([len(n)]) + n for n in names), False
-    fit, used = 0, 1
-    while fit < min(len(names), 255) and used + 1 + len(names[fit]) <= budget:
-        used += 1 + len(names[fit])
-        fit += 1
-    start = (rotation * max(fit, 1)) % len(names)
-    out: list[bytes] = []
-    used = 1
-    for i in range(len(names)):
-        n = names[(start + i) % len(names)]
-        if len(out) == 255 or used + 1 + len(n) > budget:
-            break
-        out.append(bytes([len(n)]) + n)
-        used += 1 + len(n)
-    return bytes([len(out)]) + b"".join(out), True
-
-
-def encode(p: Packet, key: bytes, no_quorum: bool = False, deaf: bool = False, rotation: int | None = None) -> bytes:
-    """The datagram for ``p``, never longer than MAX_PACKET: a meta that does not fit beside the longest
-    fixed part is left out (gossip carries it), and a missing list that does not fit is cut (F_PARTIAL)."""
-    raw = b""
-    if p.meta is not None:
-        raw = json.dumps(p.meta, separators=(",", ":"), sort_keys=True).encode()
-        if _FIXED_MAX + 2 + len(raw) > MAX_PACKET:
-            raw = b""
-    meta_part = struct.pack("!H", len(raw)) + raw if raw else b""
-    head = _HEAD.pack(p.boot, p.seq, p.suspicions, p.meta_seq)
-    flags = (F_SUSPECT_YOU if p.suspect_you else 0) | (F_META if meta_part else 0) \
-        | (F_NO_QUORUM if no_quorum else 0) | (F_DEAF if deaf else 0)
-    prefix = _prefix(p.sender, p.recipient, flags)
-    budget = MAX_PACKET - len(prefix) - len(head) - len(meta_part) - MAC_LEN
-    missing = tuple(p.missing)
-    names, partial = _names(missing, budget)
-    if partial:  # rotate: this round's datagram carries the next part of the list
-        names = _names(missing, budget, p.seq if rotation is None else rotation)[0]
-        prefix = _prefix(p.sender, p.recipient, flags | F_PARTIAL)
-    body = prefix + head + names + meta_part
-    return body + _mac(key).tag(body)
-
-
-def decode(data: bytes, keys: list[bytes]) -> Packet:
-    """The packet in ``data`` once its HMAC verifies with one of ``keys``; PacketError otherwise."""
-    if len(data) > MAX_PACKET:
-        raise PacketError("too long", "tooLong")
-    if len(data) < len(MAGIC) + 4 + _HEAD.size + MAC_LEN or not data.startswith(MAGIC):
-        raise PacketError("not a heartbeat", "notHeartbeat")
-    body, tag = data[:-MAC_LEN], data[-MAC_LEN:]
-    for k in keys:
-        if hmac.compare_digest(_mac(k).tag(body), tag):
-            break
-    else:
-        raise PacketError("bad HMAC (another key, or corrupted)", "badMac")
-    try:
-        pos = len(MAGIC)
-        flags, slen = body[pos], body[pos + 1]
-        pos += 2
-        sender = body[pos:pos + slen].decode()
-        pos += slen
-        rlen = body[pos]
-        recipient = body[pos + 1:pos + 1 + rlen].decode()
-        pos += 1 + rlen
-        if not sender or len(sender.encode()) != slen or len(recipient.encode()) != rlen:
-            raise PacketError("truncated names")
-        boot, seq, suspicions, meta_seq = _HEAD.unpack_from(body, pos)
-        pos += _HEAD.size
-        missing = []
-        for _dummy in range(body[pos]):
-            pos += 1
-            n = body[pos]
-            raw_name = body[pos + 1:pos + 1 + n]
-            if len(raw_name) != n or not n:
-                raise PacketError("truncated missing list")
-            missing.append(raw_name.decode())
-            pos += n
-        pos += 1
-        meta = None
-        if flags & F_META:
-            (mlen,) = struct.unpack_from("!H", body, pos)
-            pos += 2
-            raw = body[pos:pos + mlen]
-            if len(raw) != mlen:
-                raise PacketError("truncated meta")
-            pos += mlen
-            meta = json.loads(raw)
-            if not isinstance(meta, dict) or not all(isinstance(k, str) and isinstance(v, str)
-                                                     for k, v in meta.items()):
-                raise PacketError("meta is not a mapping of strings")
-        if pos != len(body):
-            raise PacketError("trailing bytes")
-    except (IndexError, struct.error, UnicodeDecodeError, ValueError) as exc:
-        if isinstance(exc, PacketError):
-            raise
-        raise PacketError(f"malformed: {exc}") from None
-    return Packet(sender, recipient, boot, seq, suspicions, meta_seq, bool(flags & F_SUSPECT_YOU), meta,
-                  tuple(missing), bool(flags & F_NO_QUORUM), bool(flags & F_DEAF), bool(flags & F_PARTIAL))
 
 
 def check_settings(interval: Any, miss: Any, offset: Any, dead_after: float | None = None) -> list[str]:
@@ -358,44 +168,13 @@ def check_settings(interval: Any, miss: Any, offset: Any, dead_after: float | No
     return errors
 
 
-@dataclass
-class _Peer:
-    addr: tuple[str, int]
-    gossip_state: str
-    added: float
-    heard: float = -1e9  # monotonic time of the last accepted packet
-    heard_once: bool = False
-    boot: int = -1
-    seq: int = -1
-    suspects_me: bool = False
-    my_suspicions: int = 0  # times this node suspected it
-    their_suspicions: int = 0  # times it suspected this node (last value seen)
-    meta_seq: int = -1  # the sender's latest meta seq
-    meta: tuple[int, dict[str, str]] | None = None  # (seq, meta) received by heartbeat
-    missing: frozenset[str] = frozenset()  # the members it misses (its latest datagram)
-    missing_seen: dict[str, float] = field(default_factory=dict)  # names of its cut (partial) lists, when seen
-    deaf: bool = True  # its latest datagram says it does not hear this node (F_DEAF); True until one says not
-    no_quorum: bool = False  # its latest datagram says it has no quorum (F_NO_QUORUM)
-    no_quorum_since: float = 0.0  # since when its datagrams say so
-
-
-@dataclass(frozen=True)
-class HeartbeatView:
-    suspected: frozenset[str] = frozenset()  # live members this node suspects (ineligible)
-    suspecters: frozenset[str] = frozenset()  # members that suspect this node (none while cut off)
-    cut_off: bool = False
-    metas: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # current meta received by heartbeat
-    # quorum (nocloudlb.core.quorum): False until the first evaluation, so nothing is taken before it
-    quorum: bool = False
-    connected: frozenset[str] = frozenset()  # members heard that hear this node (the votes beside its own)
-    no_quorum: frozenset[str] = frozenset()  # members heard whose datagrams say they have no quorum (ineligible)
-    deaf_to: frozenset[str] = frozenset()  # members heard that say they do not hear this node (inbound loss there)
-    votes: int = 1
-    total: int = 1
-
-
 class Heartbeat:
-    """See the module docstring. ``set_peers`` from the decision thread at every reconcile."""
+    """See the module docstring. ``set_peers`` from the decision thread at every reconcile.
+
+    The coordinator and the thread: it owns the sockets (heartbeat_io.Sockets), the reader of the
+    datagrams (heartbeat_wire.Reader), the members' table and rule (heartbeat_rule.PeerTable), what
+    is sent (heartbeat_outbox.Outbox) and the counters and log lines (heartbeat_report.Report); it
+    sends, receives and calls back."""
 
     def __init__(self, name: str, bind_ip: str, port: int, keys: list[str] | None, interval: float, miss: int,
                  on_change: Callable[[], None] = lambda: None, logger: logging.Logger | None = None,
@@ -410,86 +189,40 @@ class Heartbeat:
         self.on_change = on_change
         self.on_quorum: Callable[[], None] | None = None  # called when quorum is gained back (not at start)
         self.log = logger or logging.getLogger("nocloudlb.heartbeat")
-        self._keys = derive_keys(keys)
-        self._boot = time.time_ns()
-        self._seq = 0
-        self._lock = threading.Lock()
-        self._peers: dict[str, _Peer] = {}
-        self._meta: dict[str, str] | None = None
-        self._meta_seq = 0
-        self._meta_left: dict[str, int] = {}  # peer -> packets that still carry the meta
+        self._reader = Reader(name, derive_keys(keys))
+        self._io = Sockets(bind_ip, port, self.log)
+        self._table = PeerTable(self.interval, self.timeout)
+        self._report = Report(self.log, clock, self.timeout)
+        self._outbox = Outbox(name)
+        self._lock = threading.Lock()  # guards the table and what is sent
+        self._peers = self._table.peers  # the same dict, for the tests' eyes
         self._view = HeartbeatView()
         self._missing: frozenset[str] = frozenset()  # members this node misses now (raw, before the rule)
         self._stop = threading.Event()
         self._kick = threading.Event()
         self._thread: threading.Thread | None = None
-        self._sock: socket.socket | None = None  # sends; receives the routine datagrams (all without the split)
-        self._news: socket.socket | None = None  # receives the others (see the module docstring), or None
-        self._stamped = False  # arrival times from the kernel (SO_TIMESTAMPNS)
         self._dirty = True  # a datagram or set_peers changed what _evaluate reads
         self._deadline = 0.0  # monotonic time by which a heard member's timeout may end: evaluate then
         self._quiet = False  # nothing happening: the routine socket is read at send ticks only
-        self._prefixes: dict[bytes, bytes] = {}  # sender name -> a routine datagram's first bytes to this node
         self._heard: frozenset[str] = frozenset()  # members heard at the last evaluation (F_DEAF for the others)
-        self._round = 0  # rounds of datagrams sent (a cut missing list rotates by it)
         self._configured = 1  # members configured (the join list with this node): the quorum's floor
         self._known = 1  # members gossip knows (alive, suspect, dead; not left), this node included
         self._witness: Callable[[], bool] | None = None  # the witness answers now (see set_witness)
-        self._retired: list[bytes] = []  # keys dropped from the ring: refused, named as such in the counters
-        self._logged_reject: dict[str, float] = {}  # reason -> when a rejection was last logged
-        self.counters = {"sent": 0, "received": 0, "rejectedAuth": 0, "rejectedReplay": 0, "rejectedOther": 0,
-                         "suspicions": 0}
-        self.rejected: dict[str, int] = {}  # reason -> datagrams dropped (tooLong, badMac, retiredKey, ...)
+        self.counters = self._report.counters
+        self.rejected = self._report.rejected
+
+    @property
+    def _sock(self) -> Any:
+        """The socket that sends (and reads the routine datagrams); the simulator puts a fake one here."""
+        return self._io.sock
+
+    @_sock.setter
+    def _sock(self, sock: Any) -> None:
+        self._io.sock = sock
 
     # -- lifecycle -------------------------------------------------------------------------
-    def _socket(self, reuseport: bool) -> socket.socket:
-        family = socket.AF_INET6 if ":" in self.bind_ip else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_DGRAM)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if reuseport:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-            try:
-                sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, 0xC0)  # network control, like BFD
-            except OSError:
-                pass
-            try:
-                sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
-                self._stamped = True
-            except OSError:
-                self._stamped = False
-            sock.bind((self.bind_ip, self.port))
-            sock.setblocking(False)
-        except BaseException:
-            sock.close()
-            raise
-        return sock
-
-    def _split(self) -> socket.socket | None:
-        """The news socket, joined to the main one's reuseport group with the steering program; None when
-        the kernel refuses (then the main socket gets every datagram and is read at once)."""
-        assert self._sock is not None
-        prog = b"".join(struct.pack("HBBI", *ins) for ins in _STEER)
-        buf = ctypes.create_string_buffer(prog)
-        fprog = struct.pack("HL", len(_STEER), ctypes.addressof(buf))
-        news = None
-        try:
-            news = self._socket(reuseport=True)
-            self._sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_REUSEPORT_CBPF, fprog)
-        except OSError as exc:
-            if news is not None:
-                news.close()
-            self.log.debug("heartbeat: one socket, read at once (%s)", exc)
-            return None
-        return news
-
     def start(self) -> None:
-        try:
-            self._sock = self._socket(reuseport=True)
-        except OSError:
-            self._sock = self._socket(reuseport=False)  # as before: every datagram read at once
-        else:
-            self._news = self._split() if self._stamped else None
+        self._io.open()
         self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
         self._thread.start()
         event(self.log, "heartbeatStarted", bind=f"{self.bind_ip}:{self.port}", interval=self.interval,
@@ -500,10 +233,7 @@ class Heartbeat:
         self._kick.set()
         if self._thread is not None:
             self._thread.join(timeout=2)
-        if self._sock is not None:
-            self._sock.close()
-        if self._news is not None:
-            self._news.close()
+        self._io.close()
 
     # -- inputs ----------------------------------------------------------------------------
     def set_peers(self, peers: Mapping[str, tuple[tuple[str, int], str]]) -> None:
@@ -513,13 +243,12 @@ class Heartbeat:
             for name in list(self._peers):
                 if name not in peers:
                     del self._peers[name]  # dead or left for gossip: forget it (heard_once too)
-                    self._meta_left.pop(name, None)
+                    self._outbox.forget(name)
             for name, (addr, state) in peers.items():
                 p = self._peers.get(name)
                 if p is None:
-                    self._peers[name] = _Peer(addr, state, now)
-                    if self._meta is not None:
-                        self._meta_left[name] = META_REPEAT
+                    self._peers[name] = Peer(addr, state, now)
+                    self._outbox.greet(name)
                 elif p.addr != addr or p.gossip_state != state:
                     p.addr, p.gossip_state = addr, state
             self._dirty = True
@@ -528,17 +257,12 @@ class Heartbeat:
     def set_meta(self, meta: Mapping[str, str]) -> None:
         """This node published ``meta``: push it to every peer now (and in the next packets)."""
         with self._lock:
-            if self._meta == dict(meta):
+            if not self._outbox.publish(meta, self._peers):
                 return
-            self._meta = dict(meta)
-            self._meta_seq += 1
-            self._meta_left = dict.fromkeys(self._peers, META_REPEAT)
         self._send_all(self._clock())
 
     def set_keys(self, keys: list[str] | None) -> None:
-        new = derive_keys(keys)
-        self._retired = [k for k in [*self._keys, *self._retired] if k not in new and k][:8]
-        self._keys = new
+        self._reader.set_keys(derive_keys(keys))
 
     def set_quorum_basis(self, configured: int, known: int) -> None:
         """The members configured (join list and this node, less those that left gracefully) and known to
@@ -566,10 +290,7 @@ class Heartbeat:
         now = self._clock()
         v = self._view
         with self._lock:
-            peers = {n: {"heardMsAgo": round((now - p.heard) * 1000) if p.heard_once else None,
-                         "suspected": n in v.suspected, "suspectsMe": p.suspects_me,
-                         "hearsMe": p.heard_once and not p.deaf, "quorum": not p.no_quorum}
-                     for n, p in sorted(self._peers.items())}
+            peers = self._table.status(now, v.suspected)
         return {"bind": f"{self.bind_ip}:{self.port}", "interval": self.interval, "miss": self.miss,
                 "cutOff": v.cut_off, "suspected": sorted(v.suspected), "suspecters": sorted(v.suspecters),
                 "quorum": {"has": v.quorum, "votes": v.votes, "total": v.total, "connected": sorted(v.connected),
@@ -581,30 +302,31 @@ class Heartbeat:
     def _run(self) -> None:
         next_send = self._clock()
         ready: list[Any] = []
+        io = self._io
         while not self._stop.is_set():
             try:
-                assert self._sock is not None
-                if self._sock.fileno() < 0 and self._news is not None:
-                    self._news.close()  # the main socket closed (a test's dead node): no news either
+                assert io.sock is not None
+                if io.sock.fileno() < 0 and io.news is not None:
+                    io.news.close()  # the main socket closed (a test's dead node): no news either
                 now = self._clock()
                 tick = now >= next_send
                 # news at once; routine datagrams now too, unless quiet and between ticks
-                self._receive_all(routine=tick or not self._quiet or self._sock in ready,
-                                  news=self._news is not None and (self._news in ready or not self._quiet))
+                self._receive_all(routine=tick or not self._quiet or io.sock in ready,
+                                  news=io.news is not None and (io.news in ready or not self._quiet))
                 if tick:
                     self._send_all(now)
                     next_send = max(next_send + self.interval, now + self.interval / 4)
                 now = self._clock()
                 if self._dirty or now >= self._deadline:
                     self._evaluate(now)
-                self._quiet = self._news is not None and self._is_quiet(now)
+                self._quiet = io.news is not None and self._is_quiet(now)
                 # quiet: every member was heard within QUIET_LATE intervals, so no timeout ends before the next
                 # tick (the deadline kept from the last evaluation is older: it is checked at that tick)
                 until = next_send if self._quiet else min(next_send, self._deadline)
                 wait = max(0.0, until - self._clock())
-                socks = [self._news] if self._news is not None else []
+                socks = [io.news] if io.news is not None else []
                 if not self._quiet:
-                    socks.append(self._sock)
+                    socks.append(io.sock)
                 ready = select.select(socks, [], [], wait)[0]
             except Exception:  # noqa: BLE001 - the heartbeat outlives any one error
                 self.log.exception("heartbeat loop error")
@@ -618,12 +340,7 @@ class Heartbeat:
             return False
         late = now - QUIET_LATE * self.interval
         with self._lock:
-            if not self._peers:
-                return False
-            for p in self._peers.values():
-                if not p.heard_once or p.heard < late or p.missing or p.suspects_me or p.deaf or p.no_quorum:
-                    return False
-        return True
+            return self._table.quiet(late)
 
     def _send_all(self, now: float) -> None:
         sock = self._sock
@@ -631,20 +348,9 @@ class Heartbeat:
             return
         view = self._view
         with self._lock:
-            out = []
-            for name, p in self._peers.items():
-                self._seq += 1
-                meta = None
-                if self._meta is not None and self._meta_left.get(name, 0) > 0:
-                    self._meta_left[name] -= 1
-                    meta = self._meta
-                pkt = Packet(self.name, name, self._boot, self._seq, p.my_suspicions, self._meta_seq,
-                             name in view.suspected, meta, tuple(sorted(self._missing - {name})))
-                out.append((p.addr, pkt, name not in self._heard))
-            key = self._keys[0]
+            out, rotation = self._outbox.round(self._peers, view.suspected, self._missing, self._heard)
+            key = self._reader.keys[0]
             no_quorum = not view.quorum
-            self._round += 1
-            rotation = self._round
         for addr, pkt, deaf in out:
             try:
                 sock.sendto(encode(pkt, key, no_quorum=no_quorum, deaf=deaf, rotation=rotation), addr)
@@ -655,174 +361,39 @@ class Heartbeat:
     def _receive_all(self, routine: bool = True, news: bool = True) -> None:
         """Read the routine socket (``routine``) and the news socket (``news``) until they are empty."""
         changed = False
-        socks = [self._news] if self._news is not None and news else []
-        if routine and self._sock is not None:
-            socks.append(self._sock)
-        for sock in socks:
-            while True:
-                try:
-                    data, anc, _flags, _src = sock.recvmsg(MAX_PACKET + 1, 64)
-                except (BlockingIOError, InterruptedError):
-                    break
-                except OSError:
-                    break
-                now = self._clock()
-                for level, kind, raw in anc:
-                    if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(raw) >= _TIMESPEC.size:
-                        sec, nsec = _TIMESPEC.unpack_from(raw)
-                        # the arrival time: at most a timeout/2 ago (a realtime clock step counts as now)
-                        age = min(max(time.time() - (sec + nsec / 1e9), 0.0), self.timeout / 2)
-                        now -= age
-                        break
-                changed |= self._accept(data, now)
+        for data, now in self._io.datagrams(routine, news, self._clock, self.timeout / 2):
+            changed |= self._accept(data, now)
         if changed:
             self._evaluate(self._clock(), force=True)
-
-    def _routine(self, data: bytes) -> Packet | None:
-        """A routine datagram from a known sender (flags 0, nothing missed, no meta), checked against the
-        bytes ``encode`` gives for it and its HMAC; None for anything else (``decode`` judges it)."""
-        if len(data) < 6 or data[4]:
-            return None
-        sender = data[6:6 + data[5]]
-        prefix = self._prefixes.get(sender)
-        if prefix is None:
-            if not sender or len(sender) != data[5]:
-                return None
-            try:
-                prefix = _prefix(sender.decode("utf-8", "replace"), self.name, 0)
-            except ValueError:
-                return None
-            if len(self._prefixes) >= 256:
-                self._prefixes.clear()  # junk senders: the cache stays small
-            self._prefixes[sender] = prefix
-        n = len(prefix)
-        if len(data) != n + _HEAD.size + 1 + MAC_LEN or data[n + _HEAD.size] or not data.startswith(prefix):
-            return None
-        body, tag = data[:-MAC_LEN], data[-MAC_LEN:]
-        for k in self._keys:
-            if hmac.compare_digest(_mac(k).tag(body), tag):
-                boot, seq, suspicions, meta_seq = _HEAD.unpack_from(data, n)
-                return Packet(sender.decode(), self.name, boot, seq, suspicions, meta_seq)
-        return None
 
     def _accept(self, data: bytes, now: float) -> bool:
         """Take one datagram; True when it changed a meta this node reports."""
         try:
-            pkt = self._routine(data) or decode(data, self._keys)
+            pkt = self._reader.read(data)
         except PacketError as exc:
-            reason = exc.reason
-            if reason == "badMac" and self._retired:
-                body, tag = data[:-MAC_LEN], data[-MAC_LEN:]
-                if any(hmac.compare_digest(_mac(k).tag(body), tag) for k in self._retired):
-                    reason = "retiredKey"
-            self._reject(reason, str(exc))
+            self._report.reject(exc.reason, str(exc))
             return False
         if pkt.recipient != self.name:
-            self._reject("notForMe", f"addressed to {pkt.recipient[:64]!r}")
+            self._report.reject("notForMe", f"addressed to {pkt.recipient[:64]!r}")
             return False
         with self._lock:
-            p = self._peers.get(pkt.sender)
-            if p is None:  # not a live member (yet): gossip decides membership
-                self._reject("unknownSender", f"from {pkt.sender[:64]!r}, not a live member")
+            refused, dirty, changed = self._table.take(pkt, now)
+            if refused is not None:
+                self._report.reject(*refused)
                 return False
-            if (pkt.boot, pkt.seq) <= (p.boot, p.seq):
-                self._reject("oldBoot" if pkt.boot < p.boot else "replay", f"from {pkt.sender[:64]!r}")
-                return False
-            if pkt.boot != p.boot:
-                p.meta, p.meta_seq = None, -1  # a restarted member: its old meta means nothing
-            if not p.heard_once or now - p.heard > self.timeout or p.suspects_me != pkt.suspect_you:
-                self._dirty = True  # heard again (or for the first time), or its suspicion of this node changed
-            p.boot, p.seq = pkt.boot, pkt.seq
-            p.heard, p.heard_once = max(p.heard, now), True
-            p.suspects_me = pkt.suspect_you
-            p.their_suspicions = pkt.suspicions
-            if p.deaf != pkt.deaf or p.no_quorum != pkt.no_quorum:
-                if pkt.no_quorum and not p.no_quorum:
-                    p.no_quorum_since = now
-                p.deaf, p.no_quorum = pkt.deaf, pkt.no_quorum
+            if dirty:
                 self._dirty = True
-            changed = False
-            if pkt.partial:  # a part of its list: the parts seen lately together (names rotate per packet)
-                keep = now - max(2 * self.timeout, 20 * self.interval)
-                p.missing_seen = {n: t for n, t in p.missing_seen.items() if t >= keep}
-                p.missing_seen.update(dict.fromkeys(pkt.missing, now))
-                missing = frozenset(p.missing_seen)
-            else:
-                p.missing_seen = {}
-                missing = frozenset(pkt.missing)
-            if missing != p.missing:
-                p.missing = missing
-                changed = self._dirty = True
-            if pkt.meta is not None and (p.meta is None or p.meta[0] != pkt.meta_seq):
-                p.meta = (pkt.meta_seq, pkt.meta)
-                changed = True
-            if pkt.meta_seq != p.meta_seq:
-                p.meta_seq = pkt.meta_seq
-                changed = True
         self.counters["received"] += 1
         return changed
-
-    def _reject(self, reason: str, detail: str) -> None:
-        """Count a dropped datagram by reason (metric, status) and log it at most once per reason per
-        REJECT_LOG_EVERY s: nothing a datagram says changes what this node believes."""
-        self.rejected[reason] = self.rejected.get(reason, 0) + 1
-        legacy = "rejectedAuth" if reason in ("badMac", "retiredKey") else \
-            "rejectedReplay" if reason in ("replay", "oldBoot") else "rejectedOther"
-        self.counters[legacy] += 1
-        REJECTED.labels(reason).inc()
-        now = self._clock()
-        if now - self._logged_reject.get(reason, -1e9) >= REJECT_LOG_EVERY:
-            self._logged_reject[reason] = now
-            event(self.log, "heartbeatRejected", detail[:200], logging.WARNING, reason=reason,
-                  count=self.rejected[reason])
 
     def _evaluate(self, now: float, force: bool = False) -> None:
         with self._lock:
             self._dirty = False
-            live = self._peers
-            heard = {n for n, p in live.items() if p.heard_once and now - p.heard <= self.timeout}
-            if self._view.cut_off and heard:
-                # back from a cut-off: the members not heard again yet get a fresh timeout (not suspected
-                # for being heard last before it) and count as suspecting this node until their next
-                # packet says otherwise (they likely do: they did not hear it either)
-                for n, p in live.items():
-                    if p.heard_once and n not in heard:
-                        p.heard, p.suspects_me = now, True
-                        heard.add(n)
-            missing = frozenset(n for n, p in live.items() if p.heard_once and n not in heard)
-            cut_off = len(live) >= 2 and any(p.heard_once for p in live.values()) and not heard
-            suspected = set()
-            need = min(CONFIRMATIONS, len(heard))  # the other opinions a suspicion needs (0: gossip's alone)
-            for n in () if cut_off else missing:  # cut off: this node cannot judge anyone, it grabs nothing
-                if live[n].gossip_state == "suspect" or (
-                        need and sum(1 for r in heard if n in live[r].missing) >= need):
-                    suspected.add(n)
-            # a cut-off node keeps what it holds and takes nothing (no quorum): it does not yield to anyone
-            # it cannot hear; the majority's new owner announcing on the wire makes it yield (l2/mode.py)
-            suspecters = set() if cut_off else {n for n in heard if live[n].suspects_me}
-            # a live member never heard by heartbeat (just joined, or it runs without heartbeats) counts on
-            # gossip's word until its first datagram: gossip reached it, and a heartbeat will soon say more
-            connected = frozenset(n for n in heard if not live[n].deaf) | frozenset(
-                n for n, p in live.items() if not p.heard_once and p.gossip_state == "alive")
-            deaf_to = frozenset(n for n in heard if live[n].deaf)
-            # reported without quorum for NO_QUORUM_HOLD timeouts: a blip under loss (both links missing four
-            # datagrams at once) does not move its VIPs; a node really cut off, or deaf, is left out soon
-            hold = NO_QUORUM_HOLD * self.timeout
-            no_quorum = frozenset(n for n in heard if live[n].no_quorum and now - live[n].no_quorum_since >= hold)
-            witness_up = bool(self._witness()) if self._witness is not None else False
-            known = max(self._known, 1 + len(live))
-            total = quorum_total(self._configured, known, self._witness is not None)
-            quorum = has_quorum(len(connected), self._configured, known, self._witness is not None, witness_up)
-            votes = 1 + len(connected) + (1 if witness_up else 0)
-            self._heard = frozenset(heard)
-            for n in suspected - self._view.suspected:
-                live[n].my_suspicions += 1
-            metas = {n: p.meta[1] for n, p in live.items() if p.meta is not None and p.meta[0] == p.meta_seq}
-            ends = [p.heard + self.timeout for p in live.values() if p.heard_once and p.heard + self.timeout > now]
-            ends += [p.no_quorum_since + hold for p in live.values() if p.no_quorum and p.no_quorum_since + hold > now]
-            self._deadline = min(ends) + 0.001 if ends else now + 1.0
-        view = HeartbeatView(frozenset(suspected), frozenset(suspecters), cut_off, metas, quorum, connected,
-                             no_quorum, deaf_to, votes, total)
+            verdict = self._table.evaluate(now, self._view, CONFIRMATIONS, self._configured, self._known,
+                                           self._witness)
+            self._heard = verdict.heard
+            self._deadline = verdict.deadline
+        view, missing = verdict.view, verdict.missing
         old = self._view
         if missing != self._missing:
             self._missing = missing
@@ -835,30 +406,12 @@ class Heartbeat:
             return
         self._view = view
         if view.quorum != old.quorum:
-            event(self.log, "quorumGained" if view.quorum else "quorumLost",
-                  "connected to a majority: may take VIPs" if view.quorum else
-                  "not connected to a majority: keeping the VIPs held, taking none",
-                  logging.INFO if view.quorum else logging.WARNING, votes=view.votes, total=view.total,
-                  connected=sorted(view.connected))
+            self._report.quorum(view)
             send_now = True  # the peers learn it at once (F_NO_QUORUM)
             if view.quorum and self.on_quorum is not None:
                 self.on_quorum()  # back in the majority: what it kept may have moved meanwhile (re-announce)
         if view.suspected != old.suspected or view.suspecters != old.suspecters or view.cut_off != old.cut_off:
-            for n in sorted(view.suspected - old.suspected):
-                self.counters["suspicions"] += 1
-                event(self.log, "nodeUnreachable", "no heartbeat within interval x miss: its VIPs go to the next "
-                      "nodes (handover forwarding toward it) until it is heard again or gossip declares it dead",
-                      logging.WARNING, node=n, timeoutMs=round(self.timeout * 1000))
-            for n in sorted(old.suspected - view.suspected):
-                event(self.log, "nodeReachable", "heartbeats again", node=n)
-            if view.cut_off != old.cut_off:
-                event(self.log, "heartbeatCutOff" if view.cut_off else "heartbeatReconnected",
-                      "this node hears no member's heartbeat: keeping what it holds, taking nothing" if view.cut_off
-                      else "this node hears members' heartbeats again",
-                      logging.WARNING if view.cut_off else logging.INFO)
-            if view.suspecters != old.suspecters:
-                event(self.log, "heartbeatSuspectedBy", suspecters=sorted(view.suspecters),
-                      level=logging.WARNING if view.suspecters else logging.INFO)
+            self._report.suspicions(old, view)
         if view != old:
             self.on_change()
         if send_now:  # a second opinion travels at once (peers confirm a suspicion a datagram later)

@@ -44,9 +44,7 @@ from __future__ import annotations
 import base64
 import binascii
 import logging
-import socket
 import threading
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,8 +53,15 @@ from typing import Any
 import kinship
 from kinship.blocking import Cluster
 
-from .healsync import heal_sync
 from .logs import event
+from .memberevents import EventPump
+from .memberheal import RECONNECT_FAST, RECONNECT_FAST_FOR, RECONNECT_SLOW, HealSync
+from .memberjoin import Joiner
+from .memberview import MemberView, member_view, split_addr
+
+__all__ = ["CLUSTER_LABEL", "HEARTBEAT_FIELDS", "OVERRIDABLE", "PROFILES", "RECONNECT_FAST", "RECONNECT_FAST_FOR",
+           "RECONNECT_SLOW", "KeyFileError", "MemberView", "Membership", "MembershipSettings", "generate_key",
+           "read_key_file", "split_addr"]
 
 #: Timing profiles. Gossip (kinship) declares members dead; direct heartbeats (heartbeat.py)
 #: suspect a silent member within ``heartbeat_interval x heartbeat_miss`` and move its VIPs to the
@@ -103,11 +108,6 @@ OVERRIDABLE: dict[str, str] = {
 }
 
 CLUSTER_LABEL = "nocloudlb"
-
-#: Push-pull attempts with members held dead: seconds between attempts, at first and later.
-RECONNECT_FAST = 1.0
-RECONNECT_FAST_FOR = 120.0
-RECONNECT_SLOW = 10.0
 
 
 class KeyFileError(ValueError):
@@ -205,32 +205,11 @@ def _norm(addr: str) -> str:
     return addr.strip().lower()
 
 
-def split_addr(addr: str) -> tuple[str, int]:
-    """``(host, port)`` of a gossip address "ip:port" or "[ip6]:port"; ValueError for a bad port."""
-    host, dummy, port = addr.rpartition(":")
-    return host.strip("[]"), int(port)
-
-
-@dataclass(frozen=True)
-class MemberView:
-    name: str
-    addr: str
-    state: str  # alive | suspect | dead | left
-    meta: Mapping[str, str]
-    epoch: int = 0
-
-
-_EVENT_NAMES = {
-    kinship.MemberJoined: ("nodeJoined", logging.INFO),
-    kinship.MemberSuspect: ("nodeSuspect", logging.WARNING),
-    kinship.MemberRecovered: ("nodeRecovered", logging.INFO),
-    kinship.MemberDead: ("nodeFailed", logging.WARNING),
-    kinship.MemberLeft: ("nodeLeft", logging.INFO),
-    kinship.MemberUpdated: ("nodeUpdated", logging.DEBUG),
-}
-
-
 class Membership:
+    """The kinship node and what the daemon reads of it and writes to it (see the module docstring).
+    Its parts: the join thread (memberjoin.Joiner), the event thread (memberevents.EventPump) and
+    the push-pulls after a heal (memberheal.HealSync)."""
+
     def __init__(self, settings: MembershipSettings, on_change: Callable[[], None],
                  logger: logging.Logger | None = None,
                  on_heal: Callable[[str, str], None] | None = None,
@@ -242,11 +221,6 @@ class Membership:
         timing = settings.timing()
         # A pause longer than a probe round plus a suspicion may have got this node declared dead.
         self.pause_threshold = max(1.0, 2 * float(timing.get("probe_interval", 1.0)))
-        self._refutations = 0
-        self._synced: dict[str, float] = {}  # member name -> when we last push-pulled with it after a heal
-        self._syncing: set[str] = set()  # push-pulls in flight
-        self._dead_since: dict[str, float] = {}  # members held dead -> monotonic time we saw them die
-        self._next_reconnect = 0.0
         self.log = logger or logging.getLogger("nocloudlb.membership")
         self.cluster: Cluster | None = None
         self._known: set[str] = set()
@@ -254,15 +228,17 @@ class Membership:
         self._thread: threading.Thread | None = None
         self._join_thread: threading.Thread | None = None
         self._keys: list[str] = list(settings.keys or [])
-        self.join_state = "starting"  # starting | joined | alone | joinFailed
-        self.join_error = ""
-        self.join_refused = False  # seeds reachable but our gossip refused (wrong key / cluster label)
-        self.first_join_done = threading.Event()
-        self._decrypt_seen = 0
         self._lock = threading.Lock()
         #: True once kinship stopped without leave() (an internal error): members() is meaningless then,
         #: and the daemon fails closed (withdraws everything and exits so it is restarted).
         self.closed = False
+        self._joiner = Joiner(lambda: self.cluster, self._stop, self._changed, self.log)
+        self._heals = HealSync(settings.name, lambda: self.cluster, self.members, self._stop, self._lock, self.log)
+        self._pump = EventPump(settings.name, lambda: self.cluster, self.stats, self.members, self._joiner,
+                               self._heals, known=self._known, lock=self._lock, stop=self._stop,
+                               pause_threshold=self.pause_threshold, on_change=self._changed,
+                               on_heal=self._heal, on_message=lambda: self.on_message, on_closed=self._set_closed,
+                               log=self.log)
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self, meta: Mapping[str, str]) -> None:
@@ -274,9 +250,11 @@ class Membership:
         event(self.log, "memberlistStarted", node=self.settings.name, bind=self.cluster.local.addr,
               profile=self.settings.profile, timing=self.settings.timing(),
               keyIds=self.key_ids())
-        self._thread = threading.Thread(target=self._events, name="membership-events", daemon=True)
+        self._thread = threading.Thread(target=self._pump.run, name="membership-events", daemon=True)
         self._thread.start()
-        self._join_thread = threading.Thread(target=self._join_loop, name="membership-join", daemon=True)
+        join_timeout = max(2.0, float(self.settings.timing().get("probe_interval", 1)) * 4)
+        self._join_thread = threading.Thread(target=self._joiner.run, args=(self.settings.seeds(), join_timeout),
+                                             name="membership-join", daemon=True)
         self._join_thread.start()
 
     def leave(self, timeout: float = 2.0) -> None:
@@ -293,227 +271,36 @@ class Membership:
 
     close = leave
 
-    # -- joining ---------------------------------------------------------------------------
-    def _join_loop(self) -> None:
-        seeds = self.settings.seeds()
-        delay = 1.0
-        while not self._stop.is_set():
-            assert self.cluster is not None
-            if not seeds:
-                self.join_state = "alone"
-                self.first_join_done.set()
-                return
-            if len(self.cluster.members()) > 1:
-                self._joined()
-                return
-            error = ""
-            try:
-                self.cluster.join(seeds, timeout=max(2.0, float(self.settings.timing().get("probe_interval", 1)) * 4))
-            except kinship.JoinError as exc:
-                error = str(exc)
-            except (TimeoutError, kinship.KinshipClosed):
-                if self._stop.is_set():
-                    return
-                error = "join timed out"
-            # Another member may have joined us while our own attempt failed (a slow seed, a loaded
-            # host): then we are in a cluster, and calling it refused would withdraw every VIP.
-            if len(self.cluster.members()) > 1 or self._stop.is_set():
-                self._joined()
-                return
-            if error:
-                self._join_failed(seeds, error)
-            self.first_join_done.set()
-            if self._stop.wait(delay):
-                return
-            delay = min(delay * 2, 10.0)
-
-    def _joined(self) -> None:
-        was = self.join_state
-        self.join_state, self.join_error, self.join_refused = "joined", "", False
-        self.first_join_done.set()
-        if was != "joined":
-            assert self.cluster is not None
-            event(self.log, "memberlistJoined", members=sorted(m.name for m in self.cluster.members()))
-        self.on_change()
-
-    def _join_failed(self, seeds: list[str], error: str) -> None:
-        reachable = [s for s in seeds if _tcp_reachable(s)]
-        if reachable:
-            reason = (f"seeds {', '.join(reachable)} accept connections but refused our gossip: the gossip key "
-                      "(memberlist.keyFile) or the cluster label most likely differs from the cluster's")
-        else:
-            reason = f"no seed reachable ({', '.join(seeds)}): {error}; starting alone and retrying"
-        changed = reason != self.join_error
-        self.join_state, self.join_error, self.join_refused = "joinFailed", reason, bool(reachable)
-        if changed:
-            event(self.log, "memberlistJoinFailed", reason, logging.ERROR, seeds=seeds, reachable=reachable)
-            self.on_change()
-
-    # -- events ----------------------------------------------------------------------------
-    def _events(self) -> None:
-        assert self.cluster is not None
-        last_check = 0.0
-        wait = 0.25
-        last_wake = time.monotonic()
-        try:
-            self._refutations = self.stats().get("refutations", 0)
-            for ev in self.cluster.events(timeout=wait):
-                if self._stop.is_set():
-                    return
-                now = time.monotonic()
-                late = now - last_wake - wait
-                last_wake = now
-                if late > self.pause_threshold:
-                    event(self.log, "speakerResumed", "this process did not run for a while (stopped, paused "
-                          "or starved): peers may have declared it dead", logging.WARNING, paused=round(late, 3))
-                    self._heal("resumed", self.settings.name)
-                    self._sync([m for m in self.members() if m.name != self.settings.name
-                                and m.state in ("alive", "suspect")])
-                if ev is not None:
-                    self._handle(ev)
-                self._check_refuted()
-                if now >= self._next_reconnect:
-                    self._next_reconnect = now + 0.5
-                    self._reconnect_dead(now)
-                if now - last_check > 5.0:
-                    last_check = now
-                    self._check_decrypt()
-            if not self._stop.is_set():  # the event stream ended: kinship closed on its own
-                event(self.log, "memberlistClosed", "membership stopped on an internal error", logging.ERROR)
-                self._set_closed()
-        except kinship.KinshipClosed:
-            if not self._stop.is_set():
-                event(self.log, "memberlistClosed", "membership stopped on an internal error", logging.ERROR)
-                self._set_closed()
-        except Exception:  # keep the daemon informed, never die silently
-            self.log.exception("membership event thread failed")
-            if not self._stop.is_set():
-                self._set_closed()  # no more events: the view would go stale, so it is unknown
+    def _changed(self) -> None:
+        self.on_change()  # the callback as it is now (the parts hold this method, not the callback)
 
     def _set_closed(self) -> None:
         """The gossip layer stopped on its own: the view of the cluster is unknown from now on."""
         self.closed = True
         self.on_change()
 
-    def _handle(self, ev: Any) -> None:
-        if isinstance(ev, kinship.EventsLost):
-            event(self.log, "memberlistEventsLost", count=ev.count, level=logging.WARNING)
-            self.on_change()
-            return
-        if isinstance(ev, kinship.UserMessage):
-            if self.on_message is not None and ev.sender is not None:
-                try:
-                    self.on_message(ev.sender.name, bytes(ev.data))
-                except Exception:  # noqa: BLE001 - a bad message never stops the event thread
-                    self.log.debug("user message handler failed", exc_info=True)
-            return
-        member = getattr(ev, "member", None)
-        if isinstance(ev, kinship.NameConflict):
-            event(self.log, "nodeNameConflict", "two nodes claim the same name", logging.ERROR,
-                  node=member.name if member else None, otherAddr=ev.other_addr)
-            return
-        if member is None:
-            return
-        with self._lock:
-            self._known.add(member.name)
-        name, level = _EVENT_NAMES.get(type(ev), ("nodeEvent", logging.DEBUG))
-        event(self.log, name, level=level, node=member.name, addr=member.addr)
-        if isinstance(ev, kinship.MemberJoined) and self.join_state != "joined":
-            self._joined()
-        self.on_change()
-        with self._lock:
-            if isinstance(ev, kinship.MemberDead):
-                self._dead_since.setdefault(member.name, time.monotonic())
-            elif isinstance(ev, (kinship.MemberJoined, kinship.MemberRecovered, kinship.MemberLeft)):
-                self._dead_since.pop(member.name, None)
-        if member.name != self.settings.name and isinstance(ev, (kinship.MemberJoined, kinship.MemberRecovered)):
-            self._heal("memberJoined" if isinstance(ev, kinship.MemberJoined) else "memberRecovered", member.name)
-            # an exchange only on MemberJoined (kinship: alive again after unknown, dead or left; a refuted
-            # suspicion is MemberRecovered, and nobody held that member dead), and only between the few
-            # members healsync.py pairs: never one per member (a storm)
-            if self.first_join_done.is_set() and isinstance(ev, kinship.MemberJoined):
-                alive = [m.name for m in self.members() if m.state == "alive"]
-                if heal_sync(self.settings.name, member.name, alive):
-                    # not again if the reconnect that healed it exchanged with it moments ago
-                    self._sync([_view(member)], every=RECONNECT_SLOW / 2)
-
-    def _reconnect_dead(self, now: float) -> None:
-        """Push-pull with the members held dead that are due (see the module docstring)."""
-        with self._lock:
-            dead = dict(self._dead_since)
-        if not dead:
-            return
-        due = []
-        members = self.members()
-        alive = [m.name for m in members if m.state == "alive"]
-        for m in members:
-            since = dead.get(m.name)
-            if since is None or m.state != "dead" or m.name == self.settings.name:
-                continue
-            # every RECONNECT_FAST s only from the few members paired with it (healsync.py): a member held
-            # dead by all that comes back meets about 2k exchanges at once, not one per member
-            fast = now - since < RECONNECT_FAST_FOR and heal_sync(self.settings.name, m.name, alive)
-            every = RECONNECT_FAST if fast else RECONNECT_SLOW
-            # the others' first attempt comes RECONNECT_SLOW s after the death, not at once with the pairs'
-            last = self._synced.get(m.name, -1e9) if fast else max(self._synced.get(m.name, -1e9), since)
-            if now - last >= every:
-                due.append(m)
-        self._sync(due, every=0.0)
-
-    def _sync(self, members: list[MemberView], every: float = 1.0) -> None:
-        """Push-pull with ``members`` in the background (see the module docstring), each at most once
-        per ``every`` seconds and never twice at the same time."""
-        now = time.monotonic()
-        with self._lock:
-            todo = [m for m in members if m.name not in self._syncing
-                    and now - self._synced.get(m.name, -1e9) >= every]
-            for m in todo:
-                self._synced[m.name] = now
-                self._syncing.add(m.name)
-        if todo:
-            threading.Thread(target=self._push_pull, args=(todo,), name="membership-sync", daemon=True).start()
-
-    def _push_pull(self, members: list[MemberView]) -> None:
-        for m in members:
-            try:
-                if self._stop.is_set() or self.cluster is None:
-                    continue
-                self.cluster.join([m.addr], timeout=2.0)
-                event(self.log, "memberlistSynced", "exchanged full state", logging.DEBUG, node=m.name,
-                      addr=m.addr, state=m.state)
-            except (kinship.KinshipError, TimeoutError, OSError, ValueError) as exc:
-                event(self.log, "memberlistSyncFailed", str(exc), logging.DEBUG, node=m.name, addr=m.addr,
-                      state=m.state)
-            finally:
-                with self._lock:
-                    self._syncing.discard(m.name)
-
     def _heal(self, reason: str, node: str) -> None:
         if self.on_heal is not None:
             self.on_heal(reason, node)
 
-    def _check_refuted(self) -> None:
-        try:
-            count = self.stats().get("refutations", 0)
-        except kinship.KinshipClosed:
-            return
-        if count > self._refutations:
-            event(self.log, "memberlistRefuted", "peers suspected or declared this node dead; it refuted that",
-                  logging.WARNING, count=count - self._refutations, total=count)
-            self._refutations = count
-            self._heal("refuted", self.settings.name)
+    # -- the join state (memberjoin.Joiner) ------------------------------------------------
+    @property
+    def join_state(self) -> str:
+        """starting | joined | alone | joinFailed"""
+        return self._joiner.join_state
 
-    def _check_decrypt(self) -> None:
-        try:
-            failures = self.stats().get("decrypt_failures", 0)
-        except kinship.KinshipClosed:
-            return
-        if failures > self._decrypt_seen:
-            event(self.log, "memberlistDecryptFailures",
-                  "gossip packets that our keys cannot decrypt: a node with another gossip key "
-                  "(memberlist.keyFile) is trying to reach this cluster", logging.WARNING,
-                  count=failures - self._decrypt_seen, total=failures)
-            self._decrypt_seen = failures
+    @property
+    def join_error(self) -> str:
+        return self._joiner.join_error
+
+    @property
+    def join_refused(self) -> bool:
+        """Seeds reachable but our gossip refused (wrong key / cluster label)."""
+        return self._joiner.join_refused
+
+    @property
+    def first_join_done(self) -> threading.Event:
+        return self._joiner.first_join_done
 
     # -- reads -----------------------------------------------------------------------------
     def members(self) -> list[MemberView]:
@@ -523,7 +310,7 @@ class Membership:
         out: dict[str, MemberView] = {}
         try:
             for m in cl.members():
-                out[m.name] = _view(m)
+                out[m.name] = member_view(m)
             if not out and not self._stop.is_set():
                 raise kinship.KinshipClosed("no local member: the cluster is closed")
             with self._lock:
@@ -531,7 +318,7 @@ class Membership:
             for name in known - set(out):
                 tomb = cl.member(name)
                 if tomb is not None:
-                    out[name] = _view(tomb)
+                    out[name] = member_view(tomb)
         except kinship.KinshipClosed:
             if not self._stop.is_set() and not self.closed:
                 self._set_closed()
@@ -596,16 +383,3 @@ def _stats_dict(stats: Any) -> dict[str, int]:
     from dataclasses import asdict
 
     return asdict(stats)
-
-
-def _view(m: kinship.Member) -> MemberView:
-    return MemberView(m.name, m.addr, m.state.name.lower(), dict(m.meta), m.epoch)
-
-
-def _tcp_reachable(addr: str, timeout: float = 0.5) -> bool:
-    try:
-        host, port = split_addr(addr)
-        with socket.create_connection((host, port), timeout=timeout):
-            return True
-    except (OSError, ValueError):
-        return False

@@ -258,8 +258,8 @@ def test_packet_rate_is_members_over_interval(trio):
 def unstarted(name: str, port: int, interval: float = 0.1) -> Heartbeat:
     """A Heartbeat with its sockets as start() makes them, and no thread reading them."""
     hb = Heartbeat(name, "127.0.0.1", port, [K1], interval, 4)
-    hb._sock = hb._socket(reuseport=True)
-    hb._news = hb._split() if hb._stamped else None
+    hb._io.sock = hb._io.open_one(reuseport=True)
+    hb._io.news = hb._io.split() if hb._io.stamped else None
     return hb
 
 
@@ -269,7 +269,7 @@ def test_routine_datagrams_and_news_reach_different_sockets():
     port = free_ports(1)[0]
     hb = unstarted("n1", port)
     try:
-        assert hb._stamped and hb._news is not None, "this kernel takes the steering program"
+        assert hb._io.stamped and hb._io.news is not None, "this kernel takes the steering program"
         key = derive_keys([K1])[0]
         sent = {
             "routine": encode(pkt(sender="n2", recipient="n1"), key),
@@ -293,7 +293,7 @@ def test_routine_datagrams_and_news_reach_different_sockets():
                 except BlockingIOError:
                     return out
 
-        routine, news = drain(hb._sock), drain(hb._news)
+        routine, news = drain(hb._io.sock), drain(hb._io.news)
         assert routine == [sent["routine"], sent["long-names"]]
         assert news == [sent["suspect"], sent["missing"], sent["meta"], sent["long-missing"]]
         for data in routine + news:
@@ -389,14 +389,14 @@ def test_a_routine_datagram_is_taken_by_the_fast_path_and_anything_else_by_decod
     hb = Heartbeat("n1", "127.0.0.1", port, [K1], 0.1, 4)
     key = derive_keys([K1])[0]
     routine = encode(pkt(sender="n2", recipient="n1", seq=9, suspicions=3, meta_seq=4), key)
-    assert hb._routine(routine) == decode(routine, [key])
+    assert hb._reader.routine(routine) == decode(routine, [key])
     for other in (encode(pkt(sender="n2", recipient="n1", suspect_you=True), key),
                   encode(pkt(sender="n2", recipient="n1", missing=("n3",)), key),
                   encode(pkt(sender="n2", recipient="n3"), key),  # to another node
                   encode(pkt(sender="n2", recipient="n1"), derive_keys([K2])[0]),  # another key
                   routine[:-1] + bytes([routine[-1] ^ 1]), routine[:10], b"",
                   b"NLH2\x00\x00" + routine[6:], b"NLH2\x00\xff" + routine[6:]):  # empty, overlong sender
-        assert hb._routine(other) is None
+        assert hb._reader.routine(other) is None
 
 
 def everyone_heard(hb: Heartbeat) -> bool:
@@ -497,7 +497,7 @@ def test_rejected_datagrams_are_counted_by_reason(trio):
     target = hbs["n2"]
     old = derive_keys([K2])[0]
     target.set_keys([K1])  # K2 was never in the ring: a bad MAC
-    target._retired = [old]  # as if K2 had been retired by a rotation
+    target._reader.retired = [old]  # as if K2 had been retired by a rotation
     key = derive_keys([K1])[0]
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
