@@ -134,6 +134,7 @@ bench: deps venv
 	$(PY) benchmarks/handover.py --cycles 5
 	$(PY) benchmarks/dataplane.py --seconds 5
 	$(PY) benchmarks/bgp.py --runs 3
+	$(PY) benchmarks/flow_peers.py --peers 300
 	$(PY) benchmarks/membership_scale.py --sizes 3,5 --trials 3 --window 10
 	$(PY) benchmarks/ansible_scale.py --sizes 10
 	$(PY) benchmarks/scale.py --vips 200 --idle 5 --arp 100 --settle 3 --after-kill 4  # full: docs/benchmarks.md
