@@ -25,6 +25,12 @@ rules, real servers n3, n4, client 192.0.2.10). Added here:
   would go on forwarding the replies addressed to n1 itself), then n2 takes over: with sync it
   first commits its external cache into the kernel table (``conntrackd -c``), then the floating
   address moves and the client's neighbour entry for the VIP is re-pointed to n2.
+
+What the harness does by hand here and the speaker does not do yet: run conntrackd (its link,
+addresses and filter), commit the external cache before the new leader's gratuitous ARP, hold a
+floating gateway for NAT's real servers, and hold full-NAT's ``snatAddress`` with the VIP (the
+default masquerade takes the director's own address, which the synced entries then keep: the
+replies go on to the dead director, 50 of 50 stalled in benchmarks/conn_survival.py).
 """
 
 from __future__ import annotations
