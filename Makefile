@@ -9,6 +9,8 @@ PY := $(BIN)/python
 export PATH := $(BIN):$(PATH)
 # Debian packages the tests and the lab need on the controller.
 APT_PACKAGES := debootstrap iproute2 iputils-ping arping tcpdump nftables curl ndisc6 keepalived rsync shellcheck
+# conntrackd (FTFW sync) and conntrack for the connection-survival tests (tests/netns/conn_survival.py).
+APT_PACKAGES += conntrackd conntrack
 # Graphviz renders docs/images (scripts/pictures.py). promtool (Debian: prometheus) is used
 # by the monitoring tests when present; not installed here, as it starts a server.
 APT_PACKAGES += graphviz
@@ -26,7 +28,9 @@ help:
 
 deps:
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
-	if [ -n "$$missing" ]; then echo "installing:$$missing"; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; fi
+	if [ -n "$$missing" ]; then echo "installing:$$missing"; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; fi; \
+	if [[ " $$missing " == *" conntrackd "* ]] && systemctl is-system-running >/dev/null 2>&1; then \
+		systemctl disable --now conntrackd.service >/dev/null 2>&1 || true; fi  # the tests run their own, in namespaces
 
 $(VENV)/.stamp: requirements-dev.txt pyproject.toml
 	python3 -m venv $(VENV)
