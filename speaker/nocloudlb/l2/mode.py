@@ -118,17 +118,17 @@ class L2Mode:
         self.state_dir = state_dir
         self.gate = gate
         self.member_macs = member_macs
-        self.handover = handover
         self.post = post
+        # the parts read these hooks at call time, as the mode did (a test may set them after construction)
+        self._lock = threading.Lock()
+        self._fwd = Forwarding(self._lock, handover, lambda: self.member_macs(), lambda: self.post())
         self.other_lo = other_lo  # VIPs other modes serve (BGP): held on lo here as well, never announced
         self.suspecters = suspecters  # members that suspect this node (heartbeat.py): it yields them their part
         self.quorum = quorum  # connected to a majority (nocloudlb.core.quorum): may take VIPs it does not hold
-        self._macs = MacMeta(member_macs)
+        self._macs = MacMeta(lambda: self.member_macs())
         self.wire = WireRule(self._macs.member_of, post)  # take only with quorum; the wire as the last word
         self._yielded: set[str] = set()  # VIPs this node gave up to a member suspecting it, not yet taken back
         self.me = ""
-        self._lock = threading.Lock()
-        self._fwd = Forwarding(self._lock, handover, member_macs, post)
         self._rows: list[VipRow] = []
         self._rowlog = RowLog()
         self._lo: set[str] = set()  # VIPs confirmed on lo by the last successful sync
@@ -139,7 +139,7 @@ class L2Mode:
         self._busy = False
         # the ARP sysctls are wrong and cannot be set back: the kernel would answer for every IPv4
         # VIP on lo, so this node holds none there, announces none and publishes itself excluded
-        self._arp = ArpGuard(post)
+        self._arp = ArpGuard(lambda: self.post())
         self._planner = Planner()
         self._applied: tuple | None = None  # the inputs of the last full apply (work only on change)
         self.applies = 0  # full applies (the election run), for tests and the scale benchmark
@@ -147,6 +147,15 @@ class L2Mode:
         # (wall time it ended, ms, ms of this thread's CPU: the rest is waiting for the GIL or a core) of the
         # last 16
         self.recent_applies: list[tuple[float, float, float]] = []
+
+    @property
+    def handover(self) -> Any:
+        """The HandoverForwarder (handover.py), or None: no forwarding of planned moves."""
+        return self._fwd.handover
+
+    @handover.setter
+    def handover(self, forwarder: Any) -> None:
+        self._fwd.handover = forwarder
 
     @property
     def arp_unsafe(self) -> bool:
