@@ -36,14 +36,13 @@ The parts, each in its own module; ``L2Mode`` composes them and runs the steps a
 plan.py (step 1: the election's answer as rows and what to announce), forwarding.py (handover
 forwarding of planned moves), arpguard.py (fail closed on wrong ARP sysctls), macmeta.py (the
 MACs published and the members'), rows.py (the rows and the L2 layer's overlay), rowlog.py (the
-log of changes), heal.py (what a heal re-announces).
+log of changes), heal.py (what a heal re-announces), lohold.py (the VIPs held on lo).
 """
 
 from __future__ import annotations
 
 import ipaddress
 import logging
-import os
 import socket
 import threading
 import time
@@ -61,6 +60,7 @@ from .arpguard import ArpGuard
 from .disagree import WireRule
 from .forwarding import Forwarding
 from .heal import heal_picks
+from .lohold import LoHold
 from .macmeta import MacMeta
 from .plan import Planner
 from .rowlog import RowLog
@@ -121,25 +121,24 @@ class L2Mode:
         self.post = post
         # the parts read these hooks at call time, as the mode did (a test may set them after construction)
         self._lock = threading.Lock()
-        self._fwd = Forwarding(self._lock, handover, lambda: self.member_macs(), lambda: self.post())
+        self._fwd = Forwarding(self._lock, handover, self._member_macs, self._post)
         self.other_lo = other_lo  # VIPs other modes serve (BGP): held on lo here as well, never announced
         self.suspecters = suspecters  # members that suspect this node (heartbeat.py): it yields them their part
         self.quorum = quorum  # connected to a majority (nocloudlb.core.quorum): may take VIPs it does not hold
-        self._macs = MacMeta(lambda: self.member_macs())
+        self._macs = MacMeta(self._member_macs)
         self.wire = WireRule(self._macs.member_of, post)  # take only with quorum; the wire as the last word
         self._yielded: set[str] = set()  # VIPs this node gave up to a member suspecting it, not yet taken back
         self.me = ""
         self._rows: list[VipRow] = []
         self._rowlog = RowLog()
-        self._lo: set[str] = set()  # VIPs confirmed on lo by the last successful sync
-        self._lo_wanted: set[str] | None = None
+        self._lo = LoHold()  # the VIPs held on lo
         self._announced: dict[str, list[str]] = {}  # what set_announced was last given
         self._leaders: dict[str, str] = {}
         self._candidates: dict[str, list[str]] = {}  # ip -> candidates (this node's last decision)
         self._busy = False
         # the ARP sysctls are wrong and cannot be set back: the kernel would answer for every IPv4
         # VIP on lo, so this node holds none there, announces none and publishes itself excluded
-        self._arp = ArpGuard(lambda: self.post())
+        self._arp = ArpGuard(self._post)
         self._planner = Planner()
         self._applied: tuple | None = None  # the inputs of the last full apply (work only on change)
         self.applies = 0  # full applies (the election run), for tests and the scale benchmark
@@ -147,6 +146,12 @@ class L2Mode:
         # (wall time it ended, ms, ms of this thread's CPU: the rest is waiting for the GIL or a core) of the
         # last 16
         self.recent_applies: list[tuple[float, float, float]] = []
+
+    def _member_macs(self) -> dict[str, tuple[bytes, ...]]:
+        return self.member_macs()
+
+    def _post(self) -> None:
+        self.post()
 
     @property
     def handover(self) -> Any:
@@ -179,7 +184,7 @@ class L2Mode:
         quorum = self.quorum()
         key = (me, tuple((n.name, n.state, tuple(sorted(n.labels.items())), n.healthy) for n in nodes),
                id(parsed), gate, other, suspecters, self.arp_unsafe, quorum)
-        if key == self._applied and not self._fwd.waiting and not self._busy and self._lo_wanted is not None \
+        if key == self._applied and not self._fwd.waiting and not self._busy and self._lo.wanted is not None \
                 and not self.wire.pending():
             return
         self._applied = None
@@ -187,7 +192,7 @@ class L2Mode:
         started, cpu_started = time.monotonic(), time.thread_time()
         self._watch_interfaces(me, nodes, parsed)
         states = {n.name: n.state for n in nodes}
-        plan = self._planner.plan(me, nodes, parsed, states, gate, suspecters, self._announced, self._lo,
+        plan = self._planner.plan(me, nodes, parsed, states, gate, suspecters, self._announced, self._lo.on_lo,
                                   self._leaders, self._yielded)
         rows, skip = plan.rows, plan.skip
         final = {ip: v or [] for ip, v in plan.announce.items()}
@@ -219,10 +224,10 @@ class L2Mode:
         lo |= other
         if self.arp_unsafe:
             lo = {ip for ip in lo if ":" in ip}
-        self._sync_lo(lo)
-        held = {ip: ifs for ip, ifs in final.items() if ip in self._lo}
-        if not self._lo.issuperset(final):
-            plan.demote(lambda r: r.ip not in self._lo, lambda r: "notOnLo")
+        self._lo.sync(lo, self.delivery, self.state_dir)
+        held = {ip: ifs for ip, ifs in final.items() if ip in self._lo.on_lo}
+        if not self._lo.on_lo.issuperset(final):
+            plan.demote(lambda r: r.ip not in self._lo.on_lo, lambda r: "notOnLo")
 
         # 3. planned moves: forwarding first (in the forwarder's worker), then announce
         now = time.monotonic()
@@ -263,20 +268,7 @@ class L2Mode:
         self.last_apply_ms = round((time.monotonic() - started) * 1000, 1)
         self.recent_applies = [*self.recent_applies[-15:], (round(time.time(), 3), self.last_apply_ms,
                                                             round((time.thread_time() - cpu_started) * 1000, 1))]
-        self._applied = key if self._lo_wanted is not None else None
-
-    def _sync_lo(self, lo: set[str]) -> None:
-        """Hold ``lo`` on lo (delivery.sync_lo_vips) when it changed or is not all there; on failure, the
-        VIPs not confirmed there are not announced, and the next apply tries again."""
-        if lo != self._lo_wanted or not lo <= self._lo:
-            try:
-                self.delivery.sync_lo_vips(lo, state_file=os.path.join(self.state_dir, "lo-vips.json"))
-                self._lo = set(lo)
-                self._lo_wanted = set(lo)
-            except Exception as exc:  # noqa: BLE001 - report; VIPs not on lo are not announced; retried
-                logs.event(log, "loSyncFailed", str(exc)[:500], logging.ERROR)
-                self._lo &= lo
-                self._lo_wanted = None
+        self._applied = key if self._lo.wanted is not None else None
 
     def _watch_interfaces(self, me: str, nodes: list[NodeView], parsed: Any) -> None:
         """Tell the announcer which interfaces the L2Advertisements selecting this node name (issue 20 part 6):
