@@ -17,7 +17,8 @@ import time
 
 from fuzzcfg import FRAMES, SEED
 from nocloudlb.l2 import arp, ndp
-from nocloudlb.l2.announcer import L2Announcer, _Iface
+from nocloudlb.l2.announcer import L2Announcer
+from nocloudlb.l2.tables import Iface
 
 MY_MAC = bytes.fromhex("020000005301")
 PEER = bytes.fromhex("020000005302")
@@ -104,7 +105,7 @@ def test_parsers_and_receive_path_survive_hostile_frames():
     seeds = _seeds()
     ann = L2Announcer("n1", logging.getLogger("fuzz"), registry=None)
     sock = _Sock()
-    iface = _Iface("eth0", 2, MY_MAC, sock, answer={VIP4, VIP6})  # type: ignore[arg-type]
+    iface = Iface("eth0", 2, MY_MAC, sock, answer={VIP4, VIP6})  # type: ignore[arg-type]
     counts = {"arp": 0, "nd": 0, "answered": 0}
     t0 = time.monotonic()
     for _dummy in range(FRAMES):
@@ -121,9 +122,9 @@ def test_parsers_and_receive_path_survive_hostile_frames():
             assert n.target_ip
         before = len(sock.sent)
         if frame[12:14] == b"\x08\x06":
-            ann._on_arp(iface, frame)
+            ann._answerer.on_arp(iface, frame)
         else:
-            ann._on_nd(iface, frame)
+            ann._answerer.on_nd(iface, frame)
         for out in sock.sent[before:]:
             counts["answered"] += 1
             assert out[6:12] == MY_MAC  # only ever from our own MAC

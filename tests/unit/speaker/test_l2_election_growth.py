@@ -69,7 +69,7 @@ def test_a_new_member_above_intern_max_keeps_the_classes_and_rebuilds_only_the_v
     mode, ann = mode_for("n1")
     mode.state_dir = str(tmp_path)
     mode.apply("n1", nodes_named(names, parsed), parsed)
-    classes = list(mode._election._partition())
+    classes = list(mode._planner.election._partition())
     before = {r.ip: r for r in mode._rows}
 
     built = rows_built(monkeypatch)
@@ -79,8 +79,8 @@ def test_a_new_member_above_intern_max_keeps_the_classes_and_rebuilds_only_the_v
     assert 3 <= len(taken) <= 25  # about 200 / 21 of them
     assert all(before[ip].leader != "newcomer" for ip in taken)
     assert set(built) == taken  # only the VIPs the new name leads now were decided into new rows
-    assert mode._election._partition() == classes and all(
-        a is b for a, b in zip(mode._election._partition(), classes, strict=True))
+    assert mode._planner.election._partition() == classes and all(
+        a is b for a, b in zip(mode._planner.election._partition(), classes, strict=True))
     assert {ip for ip, r in after.items() if r.leader == "n1"} == set(ann.current)
     fresh, fresh_ann = mode_for("n1")
     fresh.state_dir = str(tmp_path)

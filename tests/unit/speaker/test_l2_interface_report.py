@@ -41,8 +41,8 @@ def test_unusable_names_the_reason_of_each_interface():
 def _announcer(caplog) -> tuple[L2Announcer, CollectorRegistry]:
     reg = CollectorRegistry()
     a = L2Announcer("n1", logging.getLogger("test.ifreport"), registry=reg, check_probes=0)
-    a._info, a._others = _info(), {"lo": "loopback"}
-    a._eligible = ["bond0", "eth0", "eth3"]
+    a._links.info, a._links.others = _info(), {"lo": "loopback"}
+    a._links.eligible = ["bond0", "eth0", "eth3"]
     return a, reg
 
 
@@ -66,21 +66,21 @@ def test_the_announcer_reports_logs_and_counts_each_unusable_interface(caplog):
     assert all(r.levelno == logging.WARNING for r in warned.values())
     # the same scan again: no new line; eth1 comes up: usable again, logged once, the metric goes
     caplog.clear()
-    a._report_interfaces()
+    a._links.report()
     assert not [r for r in caplog.records if getattr(r, "event", "") == "interfaceUnusable"]
-    a._info["eth1"] = Interface("eth1", 3, "02:00:00:00:00:02", True)
-    a._report_interfaces()
+    a._links.info["eth1"] = Interface("eth1", 3, "02:00:00:00:00:02", True)
+    a._links.report()
     assert [r.iface for r in caplog.records if getattr(r, "event", "") == "interfaceUsable"] == ["eth1"]
     assert ("eth1", "down") not in _gauge(reg)
     # the names VIPs are given are reported on as well (eth3: up without carrier, a warning)
     a.set_announced({"198.51.100.200": ["eth3"]})
-    a._report_interfaces()
+    a._links.report()
     assert {u["iface"]: u["reason"] for u in a.interface_report()["unusable"]}["eth3"] == "noCarrier"
 
 
 def test_no_eligible_interface_is_reported_when_every_interface_is_asked_for(caplog):
     a, _reg = _announcer(caplog)
-    a._eligible = []
+    a._links.eligible = []
     a.watch_interfaces([], all_eligible=False)
     assert a.interface_report()["unusable"] == []
     a.watch_interfaces([], all_eligible=True)

@@ -19,9 +19,10 @@ import time
 
 import pytest
 from nocloudlb.l2 import arp, ndp
-from nocloudlb.l2.announcer import L2Announcer, _Iface
+from nocloudlb.l2.announcer import L2Announcer
 from nocloudlb.l2.lease import ENV, OPEN, Lease, Renewal, lease_seconds
 from nocloudlb.l2.responder import Responder, _Port
+from nocloudlb.l2.tables import Iface
 from nocloudlb.membership import PROFILES
 from prometheus_client import CollectorRegistry
 
@@ -179,9 +180,9 @@ def announcer():
     a = L2Announcer("n1", logging.getLogger("test.lease"), registry=reg, check_probes=0)
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
     theirs.settimeout(0.2)
-    iface = _Iface("eth0", 2, MAC, ours, tokens=100.0, refilled=time.monotonic())
-    a._ifaces["eth0"] = iface
-    a._eligible = ["eth0"]
+    iface = Iface("eth0", 2, MAC, ours, tokens=100.0, refilled=time.monotonic())
+    a._links.ifaces["eth0"] = iface
+    a._links.eligible = ["eth0"]
     yield a, iface, theirs, reg
     ours.close()
     theirs.close()
@@ -189,15 +190,15 @@ def announcer():
 
 def test_the_announcers_own_answers_obey_the_lease(announcer):
     a, iface, wire, reg = announcer
-    assert a._resp_fallback  # no child has the state: this thread answers
+    assert a._responder.fallback  # no child has the state: this thread answers
     a.set_announced({"198.51.100.200": [], "2001:db8:1::200": []}, skip_check=["198.51.100.200", "2001:db8:1::200"])
     req4, req6 = _requests()
     assert a.renew_lease(30) == 2
-    a._on_arp(iface, req4)
+    a._answerer.on_arp(iface, req4)
     assert arp.parse(wire.recv(2048)).sha == MAC
     a.renew_lease(1, start_ns=_past())
-    a._on_arp(iface, req4)
-    a._on_nd(iface, req6)
+    a._answerer.on_arp(iface, req4)
+    a._answerer.on_nd(iface, req6)
     with pytest.raises(TimeoutError):
         wire.recv(2048)
     assert a.lease_status() == {"remainingMs": 0.0, "refused": 2}
@@ -206,13 +207,13 @@ def test_the_announcers_own_answers_obey_the_lease(announcer):
     assert reg.get_sample_value("nocloudlb_layer2_lease_remaining_seconds") == 0.0
     a.renew_lease(30)
     assert 29 < reg.get_sample_value("nocloudlb_layer2_lease_remaining_seconds") <= 30
-    a._on_nd(iface, req6)
+    a._answerer.on_nd(iface, req6)
     assert ndp.parse(wire.recv(2048)).type == ndp.NA
 
 
 def test_refusals_the_child_reports_are_counted(announcer):
     a, _iface, _wire, reg = announcer
-    a._on_responder({"n": {"198.51.100.200": [3, 0]}, "s": {}, "lx": 3})
+    a._responder.on_message({"n": {"198.51.100.200": [3, 0]}, "s": {}, "lx": 3})
     assert a.lease_status()["refused"] == 3 and reg.get_sample_value("nocloudlb_layer2_lease_expired_total") == 3
 
 
@@ -229,24 +230,24 @@ def test_gratuitous_frames_wait_for_the_lease_and_are_dropped_when_withdrawn_mea
     a, iface, wire, _reg = announcer
     a.renew_lease(1, start_ns=_past())  # ran out (a frozen daemon thawing)
     a.set_announced({"198.51.100.200": []}, skip_check=["198.51.100.200"])
-    a._run_timers()
-    a._transmit()
+    a._lifecycle.run_timers()
+    a._pacer.transmit()
     assert _gratuitous(wire) == [] and len(iface.urgent) == 2  # request and reply form, kept in order
     a.renew_lease(30)
-    a._transmit()
+    a._pacer.transmit()
     sent = _gratuitous(wire)
     assert len(sent) == 2 and all(arp.parse(f).spa == arp.parse(f).tpa == VIP4 for f in sent)
     # held, then withdrawn before the renewal: never sent
     a.renew_lease(1, start_ns=_past())
     a.reannounce(["198.51.100.200"])
-    a._run_timers()
-    a._transmit()
+    a._lifecycle.run_timers()
+    a._pacer.transmit()
     assert _gratuitous(wire) == [] and len(iface.queue) == 2
     a.set_announced({})
-    a._transmit()  # the stale frames leave the queue without the lease
+    a._pacer.transmit()  # the stale frames leave the queue without the lease
     assert not iface.queue and not iface.urgent
     a.renew_lease(30)
-    a._transmit()
+    a._pacer.transmit()
     assert _gratuitous(wire) == []
 
 

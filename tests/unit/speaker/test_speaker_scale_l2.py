@@ -11,7 +11,7 @@ import pytest
 from inproc_speaker import announcer_of, pool_docs, service_doc, vips_led, wait_for
 from nocloudlb.core.election import DRAIN_LABEL, NodeView, layer2_decision
 from nocloudlb.core.schema import parse_resources
-from nocloudlb.l2.mode import Election
+from nocloudlb.l2.election import Election
 
 pytestmark = pytest.mark.timeout(90)
 

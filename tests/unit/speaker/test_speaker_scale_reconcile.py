@@ -15,8 +15,9 @@ from inproc_speaker import Journal, RecordingAnnouncer, RecordingDelivery, pool_
 from nocloudlb import memory
 from nocloudlb.core.election import NodeView
 from nocloudlb.core.schema import parse_resources
-from nocloudlb.l2 import mode as l2mode
-from nocloudlb.l2.mode import Election, L2Mode
+from nocloudlb.l2 import plan as l2plan
+from nocloudlb.l2.election import Election
+from nocloudlb.l2.mode import L2Mode
 from test_speaker_scale_l2 import NODES, random_config, random_view
 
 pytestmark = pytest.mark.timeout(120)
@@ -90,13 +91,13 @@ def view(alive: list[str], parsed) -> list[NodeView]:
 def rows_built(monkeypatch) -> list[str]:
     """The VIPs whose rows the layer-2 mode builds from now on (a list that fills as it builds them)."""
     built: list[str] = []
-    real = l2mode.VipRow
+    real = l2plan.VipRow
 
     def counting(*a, **k):
         built.append(a[0])
         return real(*a, **k)
 
-    monkeypatch.setattr(l2mode, "VipRow", counting)
+    monkeypatch.setattr(l2plan, "VipRow", counting)
     return built
 
 
@@ -105,7 +106,7 @@ def test_a_membership_change_builds_rows_only_for_the_vips_that_moved(tmp_path, 
     mode, ann = mode_for("n1")
     mode.state_dir = str(tmp_path)
     mode.apply("n1", view(["n1", "n2", "n3"], parsed), parsed)
-    classes = mode._election._partition()
+    classes = mode._planner.election._partition()
     assert len(classes) <= 6, "3 nodes: at most 3! hash orders of one kind of service"
     before = {r.ip: r for r in mode._rows}
     led_by_n2 = {ip for ip, r in before.items() if r.leader == "n2"}
@@ -166,22 +167,22 @@ def test_a_failing_group_of_vips_keeps_what_it_announced_then_withdraws_and_spar
     mine = set(ann.current)
     assert mine
     victim = sorted(mine)[0]
-    real = mode._election.class_runner_up
+    real = mode._planner.election.class_runner_up
 
     def runner_up(me_, g, cls):
         if victim in cls.ipset:
             raise RuntimeError("injected")
         return real(me_, g, cls)
 
-    monkeypatch.setattr(mode._election, "class_runner_up", runner_up)
+    monkeypatch.setattr(mode._planner.election, "class_runner_up", runner_up)
     mode.suspecters = lambda: frozenset({"nobody"})  # makes the apply ask for the runner-up of every group
     mode.apply(me, nodes, parsed)
     assert set(ann.current) == mine  # kept while within the bound
-    monkeypatch.setattr(l2mode, "GROUP_FAIL_BOUND", 0.0)
+    monkeypatch.setattr(l2plan, "GROUP_FAIL_BOUND", 0.0)
     mode.apply(me, nodes, parsed)
     assert victim not in ann.current and set(ann.current) | {victim} >= mine
     row = next(r for r in mode._rows if r.ip == victim)
     assert (row.announcing, row.reason) == (False, "stepFailed")
-    monkeypatch.setattr(mode._election, "class_runner_up", real)
+    monkeypatch.setattr(mode._planner.election, "class_runner_up", real)
     mode.apply(me, nodes, parsed)
     assert set(ann.current) == mine
