@@ -152,7 +152,8 @@ def netlink_resolver(netns: str | None = None, max_age: float = NEIGHBOURS_MAX_A
 
     def resolve(address: str) -> tuple[Peer | None, str]:
         family = socket.AF_INET6 if ":" in address else socket.AF_INET
-        with (IPRoute(netns=netns) if netns else IPRoute()) as ipr:
+        # flags=0: a namespace that is gone is an error here, never made anew (pyroute2 creates it by default)
+        with (IPRoute(netns=netns, flags=0) if netns else IPRoute()) as ipr:
             try:
                 route = ipr.route("get", dst=address, family=family)[0]
             except NetlinkError as exc:
