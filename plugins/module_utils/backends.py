@@ -308,11 +308,16 @@ def maglev_size(weights: list[int]) -> int:
     """
     if not weights:
         return MAGLEV_SIZES[0]
-    g = 0
-    for w in weights:
-        g = math.gcd(g, w)
-    want = MAGLEV_SLOTS_PER_WEIGHT * (sum(weights) // g)
+    want = MAGLEV_SLOTS_PER_WEIGHT * sum(reduced_weights(weights))
     return next((m for m in MAGLEV_SIZES if m >= want), MAGLEV_SIZES[-1])
+
+
+def reduced_weights(weights: Iterable[int]) -> list[int]:
+    """``weights`` divided by their greatest common divisor: 5, 5 -> 1, 1; 2, 4 -> 1, 2 (both the size
+    and the turns of a Maglev table follow the split, not its scale)."""
+    ws = list(weights)
+    g = functools.reduce(math.gcd, ws, 0) or 1
+    return [w // g for w in ws]
 
 
 def maglev_table(names: list[str], weights: list[int] | None = None, size: int | None = None) -> list[int]:
@@ -335,10 +340,7 @@ def _maglev(names: tuple[str, ...], weights: tuple[int, ...], size: int) -> tupl
     """
     if not names:
         return ()
-    g = 0
-    for w in weights:
-        g = math.gcd(g, w)
-    turns = [w // g for w in weights]
+    turns = reduced_weights(weights)
     order = sorted(range(len(names)), key=lambda i: names[i])  # independent of list order
     offset = {i: _h(names[i], "offset") % size for i in order}
     skip = {i: _h(names[i], "skip") % (size - 1) + 1 for i in order}
@@ -481,10 +483,10 @@ def dataplane_plan(config: Any, healthy: set[str] | None = None, memo: PlanMemo 
         memo.config, memo.entries = config, {}
     rules: list[Rule] = []
     services: dict[str, Any] = {}
-    for s in getattr(config, "services", None) or ():
+    for s in config.services:
         services.setdefault(s.key, s)  # config.service(key)'s answer (the first), without a scan per Backends
     for b in getattr(config, "backends", {}).values():
-        svc = services[b.key] if b.key in services else config.service(b.key)
+        svc = services.get(b.key)
         if svc is None or b.method == "tun":
             continue
         if memo is None:

@@ -51,6 +51,7 @@ TABLE = "nocloudlb_dp"
 DR_TABLE = "nocloudlb_dp_dr"
 MARK_FULLNAT = 0x4E4C0001  # masquerade
 MARK_SNAT_BASE = 0x4E4C0100  # + k: snat to the k-th snatAddress
+MAP_LINE_ELEMENTS = 4096  # elements of a Maglev map per "add/delete element" line
 
 
 def _id(*parts: object) -> str:
@@ -173,20 +174,20 @@ def _map_decl(u: Unit) -> str:
     return f"add map {u.fam} {u.table} {u.map} {{ typeof numgen inc mod 2 : verdict; }}"
 
 
+def _map_lines(verb: str, u: Unit, items: Iterable[str]) -> list[str]:
+    """``VERB element`` lines of ``u``'s map for these elements, at most ``MAP_LINE_ELEMENTS`` per line."""
+    picked = list(items)
+    return [f"{verb} element {u.fam} {u.table} {u.map} {{ {', '.join(picked[k:k + MAP_LINE_ELEMENTS])} }}"
+            for k in range(0, len(picked), MAP_LINE_ELEMENTS)]
+
+
 def _map_add(u: Unit, slots: Iterable[int]) -> list[str]:
-    """``add element`` of these slots of ``u``'s map, at most 4096 per line."""
-    picked = list(slots)
-    out = []
-    for k in range(0, len(picked), 4096):
-        part = ", ".join(f"{s} : goto {u.entries[s]}" for s in picked[k:k + 4096])
-        out.append(f"add element {u.fam} {u.table} {u.map} {{ {part} }}")
-    return out
+    """``add element`` of these slots of ``u``'s map, each to its backend chain."""
+    return _map_lines("add", u, (f"{s} : goto {u.entries[s]}" for s in slots))
 
 
 def _map_delete(u: Unit, slots: Iterable[int]) -> list[str]:
-    picked = list(slots)
-    return [f"delete element {u.fam} {u.table} {u.map} {{ {', '.join(str(s) for s in picked[k:k + 4096])} }}"
-            for k in range(0, len(picked), 4096)]
+    return _map_lines("delete", u, (str(s) for s in slots))
 
 
 def _by_chain(u: Unit) -> dict[str, str]:
