@@ -46,7 +46,7 @@ CG_MOUNT_ROOT = "/sys/fs/cgroup"
 SOURCES_FILE = Path("/etc/apt/sources.list.d/debian.sources")
 
 # Bump when the image recipe (customize_image) changes: it is part of the cache key.
-IMAGE_RECIPE = "3"
+IMAGE_RECIPE = "4"
 BASE_PACKAGES = [
     "systemd", "systemd-sysv", "dbus", "python3", "python3-venv", "iproute2", "procps",
     "frr", "frr-pythontools", "keepalived", "arping", "tcpdump", "iputils-ping", "nftables",
@@ -65,10 +65,12 @@ MASKED_UNITS = [
     "sys-fs-fuse-connections.mount", "dev-hugepages.mount", "dev-mqueue.mount",
 ]
 # Installed by the packages and enabled by them, but only wanted where a host asks for them.
-DISABLED_BY_DEFAULT = ["frr.service", "keepalived.service"]
-# Hosts with `ssh: true` boot from a separate image flavour with these packages and an ordinary
-# user (SSH_USER, passwordless sudo); each such host gets its own host key, and the controller
-# one key pair per lab (under the lab's state directory). The controller reaches them from a
+DISABLED_BY_DEFAULT = ["frr.service", "keepalived.service", "ssh.service"]
+# Every image has these packages and an ordinary user (SSH_USER, passwordless sudo), with sshd
+# disabled: one image per release serves hosts with and without `ssh: true` (a second flavour
+# would cost a debootstrap of minutes for two small packages). A host with `ssh: true` gets sshd
+# enabled, its own host key, and the controller's key (one key pair per lab, under the lab's
+# state directory). The controller reaches them from a
 # namespace of the lab's own that is wired into the segments (controller_ns), never from the
 # machine's network namespace.
 SSH_PACKAGES = ["openssh-server", "sudo"]
@@ -290,8 +292,8 @@ def debian_mirror(release: str, sources: Path = SOURCES_FILE, fallback: str | No
     raise LabError(f"{sources} has no stanza with Suites: {release}: pass --mirror")
 
 
-def image_packages(extra: Iterable[str] = (), ssh: bool = False) -> list[str]:
-    return sorted(set(BASE_PACKAGES) | set(extra) | (set(SSH_PACKAGES) if ssh else set()))
+def image_packages(extra: Iterable[str] = ()) -> list[str]:
+    return sorted(set(BASE_PACKAGES) | set(extra) | set(SSH_PACKAGES))
 
 
 def image_key(release: str, mirror: str, packages: list[str]) -> str:
@@ -300,7 +302,7 @@ def image_key(release: str, mirror: str, packages: list[str]) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def customize_image(root: Path, ssh: bool = False) -> None:
+def customize_image(root: Path) -> None:
     etc = root / "etc"
     sysd = etc / "systemd" / "system"
     for unit in MASKED_UNITS:
@@ -318,12 +320,12 @@ def customize_image(root: Path, ssh: bool = False) -> None:
     (etc / "machine-id").write_text("")
     for p in (root / "var/cache/apt/archives").glob("*.deb"):
         p.unlink()
-    if ssh:
-        customize_ssh_image(root)
+    customize_ssh_image(root)
 
 
 def customize_ssh_image(root: Path) -> None:
-    """The ssh flavour: no shared host keys (each host gets its own), SSH_USER with passwordless sudo."""
+    """sshd for the hosts that enable it: no shared host keys (each host gets its own), SSH_USER with
+    passwordless sudo."""
     etc = root / "etc"
     for key in (etc / "ssh").glob("ssh_host_*"):
         key.unlink()
@@ -362,18 +364,17 @@ def ensure_inotify_instances(log: Any = None) -> None:
 
 
 def ensure_image(extra_packages: Iterable[str] = (), release: str | None = None, mirror: str | None = None,
-                 log: Any = None, ssh: bool = False) -> tuple[Path, bool]:
+                 log: Any = None) -> tuple[Path, bool]:
     """Return (path, built): the cached base image for this release and package list, built if missing.
 
-    release defaults to the machine's own; ssh selects the flavour with sshd and SSH_USER
-    (its own cache entry, since its package list differs).
+    release defaults to the machine's own. Every image has sshd (disabled) and SSH_USER.
 
     Built in a temporary directory and renamed into place at the end, under a lock, so a
     crashed build leaves no half image (its leftovers are removed by the next build).
     """
     release = release or machine_release()
     mirror = mirror or debian_mirror(release, fallback=machine_release())
-    packages = image_packages(extra_packages, ssh)
+    packages = image_packages(extra_packages)
     key = image_key(release, mirror, packages)
     final = CACHE_ROOT / f"base-{release}-{key}"
     marker = final / "etc" / "nocloudlb-lab-image.json"
@@ -395,7 +396,7 @@ def ensure_image(extra_packages: Iterable[str] = (), release: str | None = None,
         try:
             run(["debootstrap", "--variant=minbase", f"--include={','.join(packages)}", release, str(rootfs), mirror],
                 timeout=1800)
-            customize_image(rootfs, ssh=ssh)
+            customize_image(rootfs)
             (rootfs / "etc" / "nocloudlb-lab-image.json").write_text(json.dumps(
                 {"release": release, "mirror": mirror, "packages": packages, "recipe": IMAGE_RECIPE,
                  "built": now_iso(), "seconds": round(time.monotonic() - t0, 1)}, indent=1))
@@ -679,17 +680,17 @@ class Lab:
         topo = load_topology(topology)
         topo["name"] = self.name
         t0 = time.monotonic()
-        # one image per flavour (release, ssh) the hosts ask for; most topologies need just the default
-        flavours: dict[tuple[str | None, bool], Path] = {}
+        # one image per release the hosts ask for; most topologies need just the default
+        flavours: dict[str | None, Path] = {}
         built = False
         host_images: dict[str, str] = {}
         for host, hv in topo["hosts"].items():
-            fl = (hv.get("release"), bool(hv.get("ssh")))
+            fl = hv.get("release")
             if fl not in flavours:
-                flavours[fl], b = ensure_image(topo["extra_packages"], release=fl[0], ssh=fl[1], log=log)
+                flavours[fl], b = ensure_image(topo["extra_packages"], release=fl, log=log)
                 built |= b
             host_images[host] = str(flavours[fl])
-        image = flavours.get((None, False)) or Path(next(iter(host_images.values())))
+        image = flavours.get(None) or Path(next(iter(host_images.values())))
         ssh_hosts = [h for h, hv in topo["hosts"].items() if hv.get("ssh")]
         ensure_inotify_instances(log)
         with self._lock():
@@ -801,8 +802,12 @@ class Lab:
         return True
 
     def _seed_ssh_files(self, st: dict[str, Any], host: str, upper: Path) -> None:
-        """The host's own ssh host key, and the controller's key in SSH_USER's authorized_keys."""
+        """sshd enabled, the host's own ssh host key, and the controller's key in SSH_USER's authorized_keys."""
         image = self.host_image(st, host)
+        wants = upper / "etc" / "systemd" / "system" / "multi-user.target.wants"
+        wants.mkdir(parents=True, exist_ok=True)
+        if not (wants / "ssh.service").is_symlink():
+            (wants / "ssh.service").symlink_to("/lib/systemd/system/ssh.service")
         hostkey = upper / "etc" / "ssh" / "ssh_host_ed25519_key"
         if not hostkey.exists():
             hostkey.parent.mkdir(parents=True, exist_ok=True)
@@ -1821,7 +1826,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--extra-packages", default="", help="comma-separated packages beyond the base list")
     p.add_argument("--prune", action="store_true", help="also remove other cached images no lab uses")
     p.add_argument("--release", default=None, help="Debian release (default: the machine's)")
-    p.add_argument("--ssh", action="store_true", help="the flavour with sshd and the operator user")
     p = sub.add_parser("up", help="bring a lab up from a topology file (idempotent)")
     p.add_argument("-t", "--topology", required=True)
     p.add_argument("-n", "--name", default=None, help="lab name (default: the topology's name)")
@@ -1889,7 +1893,7 @@ def main(argv: list[str] | None = None) -> int:
             a.name = load_topology(a.topology)["name"] if a.topology else "lab"
         if a.cmd == "image":
             path, built = ensure_image([x for x in a.extra_packages.split(",") if x], release=a.release,
-                                       ssh=a.ssh, log=lambda m: print(m, file=sys.stderr))
+                                       log=lambda m: print(m, file=sys.stderr))
             _print({"image": str(path), "changed": built, "pruned": prune_images([path]) if a.prune else []})
         elif a.cmd == "up":
             topo = load_topology(a.topology)
