@@ -44,7 +44,8 @@ def leftovers(name: str) -> dict[str, list[str]]:
     """Everything of lab `name` that down must remove: namespaces, mounts, cgroup dirs, state dir."""
     prefix = f"{labctl.PREFIX}-{name}-"
     cg = []
-    for mnt, own in labctl.cgroup_hierarchies().values():
+    hierarchies = {**labctl.cgroup_hierarchies(), **labctl.cgroup_hierarchies(v2=True)}  # v2: trixie hosts
+    for mnt, own in hierarchies.values():
         base = mnt / own.lstrip("/")
         cg += [str(p) for p in base.glob(prefix + "*")]
     state_dir = labctl.STATE_ROOT / name

@@ -46,7 +46,7 @@ CG_MOUNT_ROOT = "/sys/fs/cgroup"
 SOURCES_FILE = Path("/etc/apt/sources.list.d/debian.sources")
 
 # Bump when the image recipe (customize_image) changes: it is part of the cache key.
-IMAGE_RECIPE = "3"
+IMAGE_RECIPE = "4"
 BASE_PACKAGES = [
     "systemd", "systemd-sysv", "dbus", "python3", "python3-venv", "iproute2", "procps",
     "frr", "frr-pythontools", "keepalived", "arping", "tcpdump", "iputils-ping", "nftables",
@@ -65,11 +65,25 @@ MASKED_UNITS = [
     "sys-fs-fuse-connections.mount", "dev-hugepages.mount", "dev-mqueue.mount",
 ]
 # Installed by the packages and enabled by them, but only wanted where a host asks for them.
-DISABLED_BY_DEFAULT = ["frr.service", "keepalived.service"]
+DISABLED_BY_DEFAULT = ["frr.service", "keepalived.service", "ssh.service"]
+# Every image has these packages and an ordinary user (SSH_USER, passwordless sudo), with sshd
+# disabled: one image per release serves hosts with and without `ssh: true` (a second flavour
+# would cost a debootstrap of minutes for two small packages). A host with `ssh: true` gets sshd
+# enabled, its own host key, and the controller's key (one key pair per lab, under the lab's
+# state directory). The controller reaches them from a
+# namespace of the lab's own that is wired into the segments (controller_ns), never from the
+# machine's network namespace.
+SSH_PACKAGES = ["openssh-server", "sudo"]
+SSH_USER = "operator"
+# Releases whose systemd deprecates cgroup v1 (257 in trixie; 258 drops it): their hosts boot on
+# the machine's unified (v2) hierarchy (see cgroup_hierarchies), whatever the other hosts use.
+# (Checked here: trixie's systemd 257 also reached "running" on the v1 layout bookworm hosts get.)
+CGROUP_V2_RELEASES = {"trixie", "forky", "sid"}
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9]{0,9}$")
 HOST_RE = re.compile(r"^[a-z][a-z0-9]{0,9}$")
 SEGMENT_RE = re.compile(r"^[a-z][a-z0-9]{0,11}$")
+RELEASE_RE = re.compile(r"^[a-z]{2,20}$")
 
 BOOT_SH = r"""#!/bin/sh
 # PID 1 of a lab host until it execs systemd. Args: ROOT NAME CGROUP CONSOLE_FILE
@@ -256,23 +270,30 @@ def machine_release() -> str:
     raise LabError("/etc/os-release has no VERSION_CODENAME: cannot tell which Debian release to bootstrap")
 
 
-def debian_mirror(release: str, sources: Path = SOURCES_FILE) -> str:
-    """The URIs: of the stanza in a deb822 sources file whose Suites include the release itself."""
+def debian_mirror(release: str, sources: Path = SOURCES_FILE, fallback: str | None = None) -> str:
+    """The URIs: of the stanza in a deb822 sources file whose Suites include the release itself.
+
+    With fallback (a release, normally the machine's own), a release the file does not name
+    (trixie on a bookworm machine) is fetched from the mirror that serves the fallback.
+    """
     if not sources.exists():
         raise LabError(f"{sources} not found: pass --mirror")
-    for stanza in sources.read_text().split("\n\n"):
-        fields: dict[str, str] = {}
-        for line in stanza.splitlines():
-            if ":" in line and not line.startswith((" ", "#")):
-                key, val = line.split(":", 1)
-                fields[key.strip()] = val.strip()
-        if release in fields.get("Suites", "").split() and fields.get("URIs"):
-            return fields["URIs"].split()[0]
+    for want in (release, fallback):
+        if not want:
+            continue
+        for stanza in sources.read_text().split("\n\n"):
+            fields: dict[str, str] = {}
+            for line in stanza.splitlines():
+                if ":" in line and not line.startswith((" ", "#")):
+                    key, val = line.split(":", 1)
+                    fields[key.strip()] = val.strip()
+            if want in fields.get("Suites", "").split() and fields.get("URIs"):
+                return fields["URIs"].split()[0]
     raise LabError(f"{sources} has no stanza with Suites: {release}: pass --mirror")
 
 
 def image_packages(extra: Iterable[str] = ()) -> list[str]:
-    return sorted(set(BASE_PACKAGES) | set(extra))
+    return sorted(set(BASE_PACKAGES) | set(extra) | set(SSH_PACKAGES))
 
 
 def image_key(release: str, mirror: str, packages: list[str]) -> str:
@@ -299,6 +320,27 @@ def customize_image(root: Path) -> None:
     (etc / "machine-id").write_text("")
     for p in (root / "var/cache/apt/archives").glob("*.deb"):
         p.unlink()
+    customize_ssh_image(root)
+
+
+def customize_ssh_image(root: Path) -> None:
+    """sshd for the hosts that enable it: no shared host keys (each host gets its own), SSH_USER with
+    passwordless sudo."""
+    etc = root / "etc"
+    for key in (etc / "ssh").glob("ssh_host_*"):
+        key.unlink()
+    (etc / "ssh" / "sshd_config.d").mkdir(parents=True, exist_ok=True)
+    (etc / "ssh" / "sshd_config.d" / "nocloudlb-lab.conf").write_text(
+        "# nocloudlb lab: keys only, the host's own key (seeded per host by labctl)\n"
+        "HostKey /etc/ssh/ssh_host_ed25519_key\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
+        "PermitRootLogin no\nUseDNS no\n")
+    # Debian has a system group "operator" (base-passwd, gid 37): the user's primary group is "users"
+    run(["chroot", str(root), "useradd", "--create-home", "--shell", "/bin/bash", "--no-user-group", "--gid", "users",
+         SSH_USER])
+    run(["chroot", str(root), "usermod", "--password", "*", SSH_USER])  # no password, but not locked
+    sudoers = etc / "sudoers.d" / "nocloudlb-lab"
+    sudoers.write_text(f"{SSH_USER} ALL=(ALL:ALL) NOPASSWD: ALL\n")
+    sudoers.chmod(0o440)
 
 
 # Every lab host's systemd (and its units) takes inotify instances, all counted against root:
@@ -323,13 +365,15 @@ def ensure_inotify_instances(log: Any = None) -> None:
 
 def ensure_image(extra_packages: Iterable[str] = (), release: str | None = None, mirror: str | None = None,
                  log: Any = None) -> tuple[Path, bool]:
-    """Return (path, built): the cached base image for this package list, built if missing.
+    """Return (path, built): the cached base image for this release and package list, built if missing.
+
+    release defaults to the machine's own. Every image has sshd (disabled) and SSH_USER.
 
     Built in a temporary directory and renamed into place at the end, under a lock, so a
     crashed build leaves no half image (its leftovers are removed by the next build).
     """
     release = release or machine_release()
-    mirror = mirror or debian_mirror(release)
+    mirror = mirror or debian_mirror(release, fallback=machine_release())
     packages = image_packages(extra_packages)
     key = image_key(release, mirror, packages)
     final = CACHE_ROOT / f"base-{release}-{key}"
@@ -369,7 +413,9 @@ def prune_images(keep: Iterable[Path] = ()) -> list[str]:
     used = {str(Path(k)) for k in keep}
     for sf in STATE_ROOT.glob("*/state.json"):
         with contextlib.suppress(ValueError, OSError):
-            used.add(json.loads(sf.read_text()).get("image", ""))
+            sd = json.loads(sf.read_text())
+            used.add(sd.get("image", ""))
+            used.update(sd.get("images", {}).values())
     removed = []
     with flock(CACHE_ROOT / ".lock"):
         for img in CACHE_ROOT.glob("base-*"):
@@ -443,10 +489,10 @@ def validate_topology(data: Any, where: str = "topology") -> dict[str, Any]:
             raise _err(where, "hosts", hname, "host names must match [a-z][a-z0-9]{0,9}")
         if not isinstance(hval, dict):
             raise _err(where, f, hval, "must be a mapping")
-        unknown = set(hval) - {"groups", "interfaces", "routes", "forwarding", "services", "vars"}
+        unknown = set(hval) - {"groups", "interfaces", "routes", "forwarding", "services", "vars", "release", "ssh"}
         if unknown:
             raise _err(where, f, sorted(unknown),
-                       "unknown keys; allowed: groups, interfaces, routes, forwarding, services, vars")
+                       "unknown keys; allowed: groups, interfaces, routes, forwarding, services, vars, release, ssh")
         groups = hval.get("groups", [])
         if not isinstance(groups, list) or not all(isinstance(g, str) and re.match(r"^[a-z_][a-z0-9_]*$", g)
                                                    for g in groups):
@@ -510,6 +556,19 @@ def validate_topology(data: Any, where: str = "topology") -> dict[str, Any]:
             raise _err(where, f"{f}.vars", hvars, "must be a mapping of extra inventory variables")
         hosts[hname] = {"groups": groups, "interfaces": ifaces, "routes": routes, "forwarding": fwd,
                         "services": services, "vars": hvars}
+        # release and ssh are recorded only when given, so existing topologies normalise (and hash) as before
+        if "release" in hval:
+            rel = hval["release"]
+            if not isinstance(rel, str) or not RELEASE_RE.match(rel):
+                raise _err(where, f"{f}.release", rel, "must be a Debian codename, e.g. bookworm or trixie")
+            hosts[hname]["release"] = rel
+        if "ssh" in hval:
+            if not isinstance(hval["ssh"], bool):
+                raise _err(where, f"{f}.ssh", hval["ssh"], "must be true or false")
+            if hval["ssh"]:
+                if not any(":" not in a for i in ifaces for a in i["addresses"]):
+                    raise _err(where, f"{f}.ssh", True, "needs an IPv4 address on one of the host's interfaces")
+                hosts[hname]["ssh"] = True
     extra = data.get("extra_packages", []) or []
     if not isinstance(extra, list) or not all(isinstance(p, str) and re.match(r"^[a-z0-9][a-z0-9+.-]+$", p)
                                               for p in extra):
@@ -543,6 +602,32 @@ class Lab:
 
     def host_ns(self, host: str) -> str:
         return f"{PREFIX}-{self.name}-{host}"
+
+    @property
+    def controller_ns(self) -> str:
+        """The namespace from which the controller reaches ssh hosts (a hyphen: never a host's)."""
+        return f"{PREFIX}-{self.name}-ssh-ctl"
+
+    @property
+    def ssh_dir(self) -> Path:
+        return self.dir / "ssh"
+
+    @property
+    def ssh_key(self) -> Path:
+        """The controller's private key for SSH_USER on the lab's ssh hosts."""
+        return self.ssh_dir / "id_ed25519"
+
+    @property
+    def known_hosts(self) -> Path:
+        return self.ssh_dir / "known_hosts"
+
+    @property
+    def ssh_inventory_file(self) -> Path:
+        return self.dir / "ssh-inventory.yml"
+
+    @staticmethod
+    def host_image(st: dict[str, Any], host: str) -> Path:
+        return Path(st.get("images", {}).get(host, st["image"]))
 
     def cgroup_name(self, host: str) -> str:
         return f"{PREFIX}-{self.name}-{host}"
@@ -595,7 +680,18 @@ class Lab:
         topo = load_topology(topology)
         topo["name"] = self.name
         t0 = time.monotonic()
-        image, built = ensure_image(topo["extra_packages"], log=log)
+        # one image per release the hosts ask for; most topologies need just the default
+        flavours: dict[str | None, Path] = {}
+        built = False
+        host_images: dict[str, str] = {}
+        for host, hv in topo["hosts"].items():
+            fl = hv.get("release")
+            if fl not in flavours:
+                flavours[fl], b = ensure_image(topo["extra_packages"], release=fl, log=log)
+                built |= b
+            host_images[host] = str(flavours[fl])
+        image = flavours.get(None) or Path(next(iter(host_images.values())))
+        ssh_hosts = [h for h, hv in topo["hosts"].items() if hv.get("ssh")]
         ensure_inotify_instances(log)
         with self._lock():
             st = self.load_state()
@@ -608,9 +704,15 @@ class Lab:
                       "captures": {}, "faults": {}}
                 changed = True
             st.update({"topology": topo, "topology_hash": thash, "image": str(image)})
+            if any(v != str(image) for v in host_images.values()):
+                st["images"] = host_images
+            if ssh_hosts:
+                st["controller_ns"] = self.controller_ns  # recorded before it is made
             self.dir.mkdir(parents=True, exist_ok=True)
             self.save_state(st)
             changed |= self._ensure_fabric(topo)
+            if ssh_hosts:
+                changed |= self._ensure_ssh_key()
             booted = []
             for host in topo["hosts"]:
                 h = st["hosts"].get(host, {})
@@ -625,8 +727,14 @@ class Lab:
             for host in topo["hosts"]:  # also repairs links of hosts that survived a crashed run
                 changed |= self._wire_host(st, host)
             changed |= self._write_inventory(st)
+            if ssh_hosts:
+                changed |= self._ensure_controller(st)
+                changed |= self._write_ssh_inventory(st)
         result: dict[str, Any] = {"changed": changed, "lab": self.name, "booted": booted,
                                   "inventory": str(self.inventory_file), "image": str(image), "image_built": built}
+        if ssh_hosts:
+            result.update({"ssh_inventory": str(self.ssh_inventory_file), "controller_ns": self.controller_ns,
+                           "images": host_images})
         if wait:
             result["system_state"] = self.wait_running(timeout=timeout)
         result["seconds"] = round(time.monotonic() - t0, 2)
@@ -673,12 +781,59 @@ class Lab:
             if not link.is_symlink():
                 link.symlink_to(f"/lib/systemd/system/{unit}")
             if unit == "frr.service":
-                base = Path(st["image"]) / "etc" / "frr" / "daemons"
+                base = self.host_image(st, host) / "etc" / "frr" / "daemons"
                 daemons = base.read_text()
                 for d in ("bgpd", "bfdd"):
                     daemons = re.sub(rf"^{d}=no", f"{d}=yes", daemons, flags=re.M)
                 (etc / "frr").mkdir(exist_ok=True)
                 (etc / "frr" / "daemons").write_text(daemons)
+        if h.get("ssh"):
+            self._seed_ssh_files(st, host, upper)
+
+    def _ensure_ssh_key(self) -> bool:
+        """The controller's key pair for the lab's ssh hosts (made once per lab)."""
+        if self.ssh_key.exists() and self.ssh_key.with_suffix(".pub").exists():
+            return False
+        self.ssh_dir.mkdir(parents=True, exist_ok=True)
+        self.ssh_key.unlink(missing_ok=True)
+        self.ssh_key.with_suffix(".pub").unlink(missing_ok=True)
+        run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"nocloudlb-lab-{self.name}", "-f",
+             str(self.ssh_key)])
+        return True
+
+    def _seed_ssh_files(self, st: dict[str, Any], host: str, upper: Path) -> None:
+        """sshd enabled, the host's own ssh host key, and the controller's key in SSH_USER's authorized_keys."""
+        image = self.host_image(st, host)
+        wants = upper / "etc" / "systemd" / "system" / "multi-user.target.wants"
+        wants.mkdir(parents=True, exist_ok=True)
+        if not (wants / "ssh.service").is_symlink():
+            (wants / "ssh.service").symlink_to("/lib/systemd/system/ssh.service")
+        hostkey = upper / "etc" / "ssh" / "ssh_host_ed25519_key"
+        if not hostkey.exists():
+            hostkey.parent.mkdir(parents=True, exist_ok=True)
+            run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"root@{host}", "-f", str(hostkey)])
+        pw = next(ln.split(":") for ln in (image / "etc" / "passwd").read_text().splitlines()
+                  if ln.startswith(SSH_USER + ":"))
+        uid, gid, home = int(pw[2]), int(pw[3]), pw[5].lstrip("/")
+        # directories made in the upper layer give the merged directory their owner and mode: copy the image's
+        parts = Path(home).parts + (".ssh",)
+        for i in range(1, len(parts) + 1):
+            rel = Path(*parts[:i])
+            d = upper / rel
+            if not d.exists():
+                d.mkdir()
+                lower = image / rel
+                if lower.exists():
+                    ls = lower.stat()
+                    os.chown(d, ls.st_uid, ls.st_gid)
+                    d.chmod(ls.st_mode & 0o7777)
+                else:
+                    os.chown(d, uid, gid)
+                    d.chmod(0o700)
+        ak = upper / home / ".ssh" / "authorized_keys"
+        ak.write_text(self.ssh_key.with_suffix(".pub").read_text())
+        os.chown(ak, uid, gid)
+        ak.chmod(0o600)
 
     def _boot_host(self, st: dict[str, Any], host: str) -> None:
         self._stop_host(st, host)  # leftovers of a dead run of this host, if any
@@ -692,7 +847,9 @@ class Lab:
         # One directory per cgroup hierarchy, below this process' own cgroup there. With the
         # cgroup namespace made at boot, the host's systemd sees these as its roots, so the
         # hierarchies it mounts and the unit cgroups it creates stay inside them.
-        cgs = {k: mnt / own.lstrip("/") / self.cgroup_name(host) for k, (mnt, own) in cgroup_hierarchies().items()}
+        v2 = st["topology"]["hosts"][host].get("release") in CGROUP_V2_RELEASES
+        cgs = {k: mnt / own.lstrip("/") / self.cgroup_name(host)
+               for k, (mnt, own) in cgroup_hierarchies(v2=v2).items()}
         rec = st["hosts"].setdefault(host, {})
         rec.update({"overlay": str(root), "cgroups": {k: str(v) for k, v in cgs.items()}, "netns": self.host_ns(host),
                     "pid": None, "pid_start": None, "launcher": None, "launcher_start": None})
@@ -700,7 +857,7 @@ class Lab:
         self._seed_host_files(st, host, upper)
         if str(root.resolve()) not in mountpoints():
             run(["mount", "-t", "overlay", "overlay", "-o",
-                 f"lowerdir={st['image']},upperdir={upper},workdir={work}", str(root)])
+                 f"lowerdir={self.host_image(st, host)},upperdir={upper},workdir={work}", str(root)])
         for k, d in cgs.items():
             d.mkdir(exist_ok=True)
             if k == "cpuset":  # a new cpuset has no CPUs or memory nodes until given some
@@ -802,6 +959,108 @@ class Lab:
             if time.monotonic() > deadline:
                 raise LabError(f"switch port {port} in {fab} still there {timeout:.0f} s after deleting it")
             time.sleep(0.1)
+
+    def ssh_address(self, host: str, st: dict[str, Any] | None = None) -> str:
+        """The IPv4 address the controller namespace reaches host's sshd at (its first one)."""
+        h = (st or self.state())["topology"]["hosts"][host]
+        return next(a.split("/")[0] for i in h["interfaces"] for a in i["addresses"] if ":" not in a)
+
+    def controller_links(self, st: dict[str, Any]) -> list[dict[str, str]]:
+        """One link per segment that an ssh host reaches, with the controller's address there.
+
+        The address is the highest of the subnet of the first ssh host's address on that
+        segment that no host uses (198.51.100.254/24 for 198.51.100.0/24).
+        """
+        topo = st["topology"]
+        used = {a.split("/")[0] for h in topo["hosts"].values() for i in h["interfaces"] for a in i["addresses"]}
+        out: list[dict[str, str]] = []
+        for seg in topo["segments"]:
+            nets = [ipaddress.ip_interface(a).network for h in topo["hosts"].values() if h.get("ssh")
+                    for i in h["interfaces"] if i["segment"] == seg for a in i["addresses"] if ":" not in a]
+            if not nets:
+                continue
+            net = nets[0]
+            free = next((ip for ip in reversed(list(net.hosts())) if str(ip) not in used), None)
+            if free is None:
+                raise LabError(f"segment {seg}: no free address in {net} for the ssh controller")
+            n = len(out)
+            out.append({"segment": seg, "port": f"ctl-{n}", "name": f"eth{n}",
+                        "address": f"{free}/{net.prefixlen}"})
+        return out
+
+    def _ensure_controller(self, st: dict[str, Any]) -> bool:
+        """The controller namespace: lo and one veth per segment with ssh hosts, IPv4 only, no routes.
+
+        Nothing in it forwards (a new namespace has forwarding off) and it has no link to the
+        machine: commands run in it (controller_cmd) reach the lab's segments and nothing else.
+        """
+        ns, fab = self.controller_ns, self.fabric_ns
+        changed = False
+        if not netns_handle_ok(ns):
+            replace_netns_handle(ns)
+            run(["ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1",
+                 "net.ipv6.conf.default.disable_ipv6=1"])
+            changed = True
+        fab_links = set(ip_links(fab))
+        ns_links = set(ip_links(ns))
+        batch = ["link set lo up"]
+        for li in self.controller_links(st):
+            if li["port"] not in fab_links or li["name"] not in ns_links:
+                if li["port"] in fab_links:
+                    self._remove_port(fab, li["port"])
+                if li["name"] in ns_links:
+                    run(["ip", "-n", ns, "link", "del", li["name"]])
+                run(["ip", "-n", fab, "link", "add", li["port"], "type", "veth", "peer", "name", li["name"],
+                     "address", mac_for("ssh-ctl", li["segment"]), "netns", ns])
+                run(["ip", "-n", fab, "link", "set", li["port"], "master", f"br-{li['segment']}", "up"])
+                changed = True
+            batch += [f"link set {li['name']} up", f"addr replace {li['address']} dev {li['name']}"]
+        run(["ip", "-n", ns, "-b", "-"], input="\n".join(batch) + "\n")
+        return changed
+
+    def controller_cmd(self, cmd: list[str], user: str | None = None) -> list[str]:
+        """cmd run in the controller namespace (as root, or as user through runuser)."""
+        return ["ip", "netns", "exec", self.controller_ns, *(["runuser", "-u", user, "--"] if user else []), *cmd]
+
+    def _write_ssh_inventory(self, st: dict[str, Any]) -> bool:
+        """An inventory of the ssh hosts as Ansible reaches real machines: ssh as SSH_USER, become with sudo.
+
+        Use it from the controller namespace (controller_cmd); known_hosts pins each host's own key.
+        """
+        topo = st["topology"]
+        lines = []
+        hostvars: dict[str, Any] = {}
+        groups: dict[str, dict[str, Any]] = {}
+        for host, h in topo["hosts"].items():
+            if not h.get("ssh"):
+                continue
+            addr = self.ssh_address(host, st)
+            pub = (self.host_dir(host) / "upper" / "etc" / "ssh" / "ssh_host_ed25519_key.pub").read_text().split()
+            lines.append(f"{addr} {pub[0]} {pub[1]}")
+            hostvars[host] = {"ansible_host": addr, "lab_release": h.get("release") or machine_release(),
+                              "lab_groups": h["groups"], **h["vars"]}
+            for g in h["groups"]:
+                groups.setdefault(g, {"hosts": {}})["hosts"][host] = None
+        kh = "\n".join(lines) + "\n"
+        if not self.known_hosts.exists() or self.known_hosts.read_text() != kh:
+            write_atomic(self.known_hosts, kh)
+            self.known_hosts.chmod(0o644)
+        inv = {"all": {
+            "vars": {"ansible_connection": "ssh", "ansible_user": SSH_USER, "ansible_become": True,
+                     "ansible_python_interpreter": "/usr/bin/python3",
+                     "ansible_ssh_private_key_file": str(self.ssh_key),
+                     "ansible_ssh_common_args": f"-o UserKnownHostsFile={self.known_hosts} "
+                                                "-o StrictHostKeyChecking=yes -o GlobalKnownHostsFile=/dev/null",
+                     "lab_name": self.name, "lab_state_dir": str(self.dir), "lab_controller_ns": self.controller_ns},
+            "hosts": hostvars,
+            "children": groups,
+        }}
+        text = json.dumps(inv, indent=1, sort_keys=True) + "\n"
+        if self.ssh_inventory_file.exists() and self.ssh_inventory_file.read_text() == text:
+            return False
+        write_atomic(self.ssh_inventory_file, text)
+        self.ssh_inventory_file.chmod(0o644)
+        return True
 
     def _write_inventory(self, st: dict[str, Any]) -> bool:
         topo = st["topology"]
@@ -979,6 +1238,10 @@ class Lab:
                     changed = True
             for host in list(st.get("hosts", {})):
                 changed |= self._stop_host(st, host)
+            ctl = st.get("controller_ns")
+            if ctl and ctl in netns_list():
+                run(["ip", "netns", "del", ctl])
+                changed = True
             fab = st.get("fabric_ns")
             if fab and fab in netns_list():
                 run(["ip", "netns", "del", fab])
@@ -1304,12 +1567,13 @@ def is_frozen(cgs: dict[str, Path]) -> bool:
     return "frozen 1" in (cgs["unified"] / "cgroup.events").read_text().splitlines()
 
 
-def cgroup_hierarchies() -> dict[str, tuple[Path, str]]:
+def cgroup_hierarchies(v2: bool = False) -> dict[str, tuple[Path, str]]:
     """Every cgroup hierarchy mounted under /sys/fs/cgroup: {name: (mount point, this process' cgroup there)}.
 
     name is the mount point's last component (cpu, memory, freezer, systemd, unified, ...); a
     cgroup2 mount is always "unified". Cgroup v1 (the named systemd and the freezer hierarchy)
-    is used where the machine has it; otherwise, or with NLAB_CGROUP=v2, only the unified one.
+    is used where the machine has it; otherwise, or with NLAB_CGROUP=v2 or v2 (a host whose
+    systemd refuses v1), only the unified one.
     """
     own: dict[frozenset[str], str] = {}
     for line in Path("/proc/self/cgroup").read_text().splitlines():
@@ -1332,7 +1596,7 @@ def cgroup_hierarchies() -> dict[str, tuple[Path, str]]:
                             o.startswith("name="))
         if key in own:
             out[Path(mnt).name] = (Path(mnt), own[key])
-    v1 = "systemd" in out and "freezer" in out and os.environ.get("NLAB_CGROUP") != "v2"
+    v1 = "systemd" in out and "freezer" in out and os.environ.get("NLAB_CGROUP") != "v2" and not v2
     if v1:
         return out
     if "unified" not in out:
@@ -1561,6 +1825,7 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("image", help="build (or find) the cached base image")
     p.add_argument("--extra-packages", default="", help="comma-separated packages beyond the base list")
     p.add_argument("--prune", action="store_true", help="also remove other cached images no lab uses")
+    p.add_argument("--release", default=None, help="Debian release (default: the machine's)")
     p = sub.add_parser("up", help="bring a lab up from a topology file (idempotent)")
     p.add_argument("-t", "--topology", required=True)
     p.add_argument("-n", "--name", default=None, help="lab name (default: the topology's name)")
@@ -1570,7 +1835,11 @@ def main(argv: list[str] | None = None) -> int:
     with_name(sub.add_parser("down", help="remove a lab and everything it created"))
     with_name(sub.add_parser("cleanup", help="same as down; for a crashed run"))
     with_name(sub.add_parser("status", help="hosts, PIDs, system state, active faults"))
-    with_name(sub.add_parser("inventory", help="print the inventory file path"))
+    p = with_name(sub.add_parser("inventory", help="print the inventory file path"))
+    p.add_argument("--ssh", action="store_true", help="the inventory of the ssh hosts (use it from controller-exec)")
+    p = with_name(sub.add_parser("controller-exec", help="run a command in the namespace that reaches ssh hosts"))
+    p.add_argument("-u", "--user", default=None, help="run it as this local user (runuser)")
+    p.add_argument("command", nargs=argparse.REMAINDER)
     p = with_name(sub.add_parser("exec", help="run a command in a host"))
     p.add_argument("host")
     p.add_argument("command", nargs=argparse.REMAINDER)
@@ -1623,7 +1892,7 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(a, "name", "x") is None:
             a.name = load_topology(a.topology)["name"] if a.topology else "lab"
         if a.cmd == "image":
-            path, built = ensure_image([x for x in a.extra_packages.split(",") if x],
+            path, built = ensure_image([x for x in a.extra_packages.split(",") if x], release=a.release,
                                        log=lambda m: print(m, file=sys.stderr))
             _print({"image": str(path), "changed": built, "pruned": prune_images([path]) if a.prune else []})
         elif a.cmd == "up":
@@ -1639,7 +1908,14 @@ def main(argv: list[str] | None = None) -> int:
         elif a.cmd == "status":
             _print(Lab(a.name, a.state_root).status())
         elif a.cmd == "inventory":
-            print(Lab(a.name, a.state_root).inventory_file)
+            lab = Lab(a.name, a.state_root)
+            print(lab.ssh_inventory_file if a.ssh else lab.inventory_file)
+        elif a.cmd == "controller-exec":
+            lab = Lab(a.name, a.state_root)
+            if not lab.state().get("controller_ns"):
+                raise LabError(f"lab {lab.name!r} has no ssh hosts, so no controller namespace")
+            cmd = a.command[1:] if a.command[:1] == ["--"] else a.command
+            return subprocess.run(lab.controller_cmd(cmd or ["/bin/bash"], a.user), check=False).returncode
         elif a.cmd == "exec":
             lab = Lab(a.name, a.state_root)
             cmd = a.command[1:] if a.command[:1] == ["--"] else a.command
