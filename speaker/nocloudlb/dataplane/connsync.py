@@ -123,7 +123,7 @@ class ConnSync:
             result, detail = "error", f"{type(exc).__name__}: {exc}"
         else:
             try:
-                out, _ = proc.communicate(timeout=self.settings.commit_timeout)
+                out = proc.communicate(timeout=self.settings.commit_timeout)[0]
                 if proc.returncode != 0:
                     result = "failed"
                     detail = f"exit {proc.returncode}: {out.decode(errors='replace').strip()[-200:]}"
@@ -152,7 +152,7 @@ class ConnSync:
         """Ask the daemon for its network statistics once (the health thread's step)."""
         try:
             proc = subprocess.run([self.settings.binary, "-C", self.conf, "-s", "network"], capture_output=True,
-                                  text=True, timeout=STATS_TIMEOUT, stdin=subprocess.DEVNULL)
+                                  text=True, timeout=STATS_TIMEOUT, stdin=subprocess.DEVNULL, check=False)
             recv = received_packets(proc.stdout) if proc.returncode == 0 else None
             error = "" if recv is not None else (
                 f"exit {proc.returncode}: {(proc.stderr or proc.stdout).strip()[-200:]}" if proc.returncode
