@@ -42,10 +42,13 @@ def netns_prefix() -> str:
     return "ncy"
 
 
-@pytest.mark.parametrize("enabled", [True, False], ids=["sync", "control"])
-def test_a_killed_owner_loses_no_held_connection_with_connection_sync(make_segment, tmp_path, enabled):
+@pytest.mark.parametrize(("enabled", "hung"), [(True, False), (False, False), (True, True)],
+                         ids=["sync", "control", "hung"])
+def test_a_killed_owner_loses_no_held_connection_with_connection_sync(make_segment, tmp_path, enabled, hung):
     """``control``: conntrackd runs and syncs as well, but the speaker does not commit: about half the
-    held connections are reset (round robin sends them to the other server)."""
+    held connections are reset (round robin sends them to the other server). ``hung``: the survivor's
+    conntrackd is stopped (SIGSTOP) before the owner dies: the commit is killed at its timeout and
+    the takeover goes on without the state, late by that timeout only."""
     seg = make_segment(hosts=2)
     docs = resources("fullnat", "rr", ports=((80, "TCP"),), snatAddress=VIP)
     cluster = SpeakerCluster(seg, tmp_path, resources=docs, memberlist_extra={"witness": seg.client.ipv4})
@@ -84,6 +87,8 @@ def test_a_killed_owner_loses_no_held_connection_with_connection_sync(make_segme
         cap = Capture(seg, tmp_path / "arp.txt", "arp")
         time.sleep(1.0)
 
+        if hung:
+            sync.procs[oi].send_signal(signal.SIGSTOP)  # the conntrackd we started, by its PID
         killed = cluster.stop(leader, signal.SIGKILL)
         sync.kill(li)
         seg.run(cluster.host(leader).ns, "sysctl -qw net.ipv4.ip_forward=0")  # a dead node forwards nothing
@@ -106,8 +111,17 @@ def test_a_killed_owner_loses_no_held_connection_with_connection_sync(make_segme
             print(f"\ncontrol: {result['broken']} of {HELD} held connections reset")
             return
 
-        assert st["commits"]["ok"] == before["ok"] + 1, st
         last = st["lastCommit"]
+        if hung:
+            sync.procs[oi].send_signal(signal.SIGCONT)
+            assert st["commits"]["timeout"] == before["timeout"] + 1, st
+            assert last["result"] == "timeout" and 0.3 <= last["seconds"] < 0.6, st
+            assert garps and last["at"] <= garps[0]["ts"], (last, garps)
+            assert garps[0]["ts"] - killed < 3.0, (garps[0]["ts"] - killed)
+            print(f"\nhung conntrackd: commit killed after {last['seconds']} s, takeover "
+                  f"{garps[0]['ts'] - killed:.3f} s after the kill, {result['broken']} of {HELD} reset")
+            return
+        assert st["commits"]["ok"] == before["ok"] + 1, st
         assert last["result"] == "ok" and VIP in last["vips"] and last["seconds"] < 0.3, st
         assert garps, cap.lines()[-20:]
         # the commit ended before the first gratuitous ARP of the takeover left

@@ -5,8 +5,11 @@ speaker's config parser."""
 
 from __future__ import annotations
 
+import grp
 import os
 import shutil
+import socket
+import stat
 import subprocess
 import time
 import uuid
@@ -90,6 +93,25 @@ def test_conntrackd_runs_the_rendered_file(tmp_path, peer):
             proc.kill()  # by its PID: the ip-netns-exec'd conntrackd
             proc.wait(timeout=5)
         subprocess.run(["ip", "netns", "del", ns], check=False)
+
+
+def test_the_unit_drop_in_lets_the_speakers_group_use_the_socket(tmp_path):
+    text = render("conntrackd-dropin.conf.j2", nocloudlb_user="nocloudlb", nocloudlb_group="nocloudlb",
+                  nocloudlb_conntrackd_socket=str(tmp_path / "ct.ctl"))
+    assert "ExecStart=/usr/sbin/conntrackd -C /etc/conntrackd/conntrackd.conf" in text
+    post = next(line for line in text.splitlines() if line.startswith("ExecStartPost="))
+    script = post.split("-c ", 1)[1].strip("'")
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(tmp_path / "ct.ctl"))
+    try:
+        group = grp.getgrgid(os.getgid()).gr_name
+        t0 = time.monotonic()
+        done = subprocess.run(["/bin/sh", "-c", script.replace("chgrp nocloudlb", f"chgrp {group}")],
+                              capture_output=True, text=True, timeout=10, check=False)
+        assert done.returncode == 0 and time.monotonic() - t0 < 1, done
+        assert stat.S_IMODE(os.stat(tmp_path / "ct.ctl").st_mode) == 0o660
+    finally:
+        sock.close()
 
 
 def test_the_speaker_config_enables_connection_sync():
