@@ -37,6 +37,17 @@ def additions(running: Rendered | None, desired: Rendered, announced: Nets) -> N
     return minus(desired.networks, announced)
 
 
+def switches_differ(text: str, live: tuple[bool, bool] | None) -> bool:
+    """The forwarding switches ``text`` renders (``no ip forwarding`` / ``no ipv6 forwarding`` when
+    off) are not the node's ``live`` ones (None: unknown, taken as equal). The render keeps a switch
+    as it is unless the data plane needs it on; a delta leaves zebra's switches alone, so turning one
+    on is a reload's job."""
+    if live is None:
+        return False
+    lines = set(text.splitlines())
+    return (("no ip forwarding" not in lines) != live[0]) or (("no ipv6 forwarding" not in lines) != live[1])
+
+
 def add_lines(nets: Nets) -> list[str]:
     """The ``network`` lines (in their router and address-family contexts) adding ``nets``."""
     lines: list[str] = []

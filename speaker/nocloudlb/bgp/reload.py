@@ -13,7 +13,7 @@ from typing import Any
 
 from .. import logs
 from ..backoff import Backoff
-from .delta import DeltaApplier, additions, prefix_count
+from .delta import DeltaApplier, additions, prefix_count, switches_differ
 from .frr import FrrControl, FrrError
 from .render import Rendered, redact
 from .state import BgpState, has_any, minus, union
@@ -97,7 +97,10 @@ class Reloader:
         t0 = time.monotonic()
         desired = self._with_live_switches(desired)
         with st.cond:
-            adds = additions(st.applied, desired, st.announced) if self.delta else None
+            adds = None
+            # a switch the data plane needs on and the node has off is turned on by a reload only
+            if self.delta and not switches_differ(desired.text, st.forwarding):
+                adds = additions(st.applied, desired, st.announced)
         if adds is not None:
             outcome = self.deltas.apply(desired)
             if outcome == "applied":

@@ -11,7 +11,7 @@ import threading
 import pytest
 from conftest import bfd, bgpadv, peer, pool, service
 from nocloudlb.backoff import Backoff
-from nocloudlb.bgp.delta import DeltaApplier, add_lines, additions, structure
+from nocloudlb.bgp.delta import DeltaApplier, add_lines, additions, structure, switches_differ
 from nocloudlb.bgp.frr import FrrError
 from nocloudlb.bgp.mode import bgp_metrics
 from nocloudlb.bgp.reload import Reloader
@@ -97,6 +97,21 @@ def test_structure_strips_every_network_line_and_nothing_else():
     assert [line for line in text.splitlines() if not line.startswith("  network ")] == stripped.splitlines()
 
 
+@pytest.mark.parametrize("rendered_as, live, differ", [
+    ((True, True), (True, True), False),
+    ((False, False), (False, False), False),
+    ((True, False), (True, False), False),
+    ((True, True), (False, True), True),  # NAT needs IPv4 forwarding, the node has it off: a reload turns it on
+    ((True, True), (True, False), True),
+    ((False, True), (True, True), True),
+    ((True, True), None, False),  # unreadable: no reason to reload
+])
+def test_a_forwarding_switch_to_turn_on_is_a_reload(rendered_as, live, differ):
+    cfg = parse_resources(BASE + vips(2))
+    text = render("n1", bgp_decision("n1", [NodeView("n1", {})], cfg), cfg, rendered_as).text
+    assert switches_differ(text, live) is differ
+
+
 def test_add_lines_enter_each_router_and_family():
     nets_ = {("", 64512): {"ipv4": ["203.0.113.10/32"], "ipv6": []},
              ("blue", 64513): {"ipv6": ["2001:db8:5::1/128", "2001:db8:5::2/128"]}, ("", 1): {"ipv4": []}}
@@ -148,6 +163,7 @@ def worker(frr: FakeFrr, running_docs, desired_docs):
     st = BgpState("n1")
     running, desired = rendered(running_docs), rendered(desired_docs)
     st.applied, st.announced, st.desired, st.disk = running, running.networks, desired, running.text
+    st.forwarding = (True, True)
     withdrawer = Withdrawer(frr, st, Backoff("vtysh", base=0.5))  # type: ignore[arg-type]
     metrics = bgp_metrics(CollectorRegistry())
     rl = Reloader(frr, st, withdrawer, Backoff("frr-reload", base=5.0), metrics, 0.0)  # type: ignore[arg-type]
@@ -190,6 +206,15 @@ def test_a_failed_delta_whose_reload_fails_too_leaves_everything_tried_to_be_wit
     # the decision drops two of them: the withdrawal removes what bgpd may have taken
     st.desired = rendered(BASE + vips(2))
     assert rl.withdrawer.due()
+
+
+def test_forwarding_off_where_the_config_wants_it_on_reloads_instead_of_a_delta():
+    frr = FakeFrr()
+    frr.forwarding = lambda: (False, True)  # type: ignore[method-assign]
+    st, rl, _m, desired = worker(frr, BASE + vips(2), BASE + vips(3))
+    st.config = None  # no re-render: the NAT Backends' need keeps the switch rendered on
+    rl._apply(desired)
+    assert frr.vty == [] and frr.reloads == [desired.text] and rl.last_path == "reload"
 
 
 def test_a_structural_change_reloads_and_delta_off_reloads_everything():
