@@ -30,8 +30,8 @@ def structure(text: str) -> str:
 def additions(running: Rendered | None, desired: Rendered, announced: Nets) -> Nets | None:
     """The networks to add to FRR when ``desired`` differs from ``running`` (the config FRR runs,
     reloaded or reached by deltas) only in its ``network`` lines: those of ``desired`` that FRR
-    does not have (``announced``), possibly none. None when anything else differs (structural:
-    a full reload) or nothing runs yet."""
+    does not have (``announced``, which the caller knows to be exact), possibly none. None when
+    anything else differs (structural: a full reload) or nothing runs yet."""
     if running is None or structure(running.text) != structure(desired.text):
         return None
     return minus(desired.networks, announced)
@@ -103,6 +103,7 @@ class DeltaApplier:
                 except FrrError as exc:
                     with st.cond:  # bgpd may hold some of them: counted, so a later withdrawal removes them
                         st.announced = union(st.announced, adds)
+                        st.announced_sure = False  # and the next change reloads: FRR may lack some
                     logs.event(log, "frrDeltaFailed", "the network lines did not all reach bgpd: reloading the "
                                "whole config instead", logging.WARNING, error=str(exc)[:500], prefixes=count)
                     return "failed"

@@ -99,7 +99,7 @@ class Reloader:
         with st.cond:
             adds = None
             # a switch the data plane needs on and the node has off is turned on by a reload only
-            if self.delta and not switches_differ(desired.text, st.forwarding):
+            if self.delta and st.announced_sure and not switches_differ(desired.text, st.forwarding):
                 adds = additions(st.applied, desired, st.announced)
         if adds is not None:
             outcome = self.deltas.apply(desired)
@@ -133,9 +133,11 @@ class Reloader:
                 except FrrError:
                     with st.cond:  # FRR may hold part of it: the next round withdraws what it must
                         st.announced = union(st.announced, desired.networks)
+                        st.announced_sure = False
                     raise
                 with st.cond:  # before the lock goes: a withdrawal waiting for it sees these networks
                     st.announced = desired.networks
+                    st.announced_sure = True
         except (FrrError, OSError) as exc:
             error = redact(str(exc), desired.secrets)
             wait = self.backoff.failed(error)

@@ -31,6 +31,10 @@ class BgpState:
         self.desired_at = 0.0
         self.applied: Rendered | None = None  # what FRR runs (last good)
         self.announced: Nets = {}  # networks FRR has now
+        # ``announced`` is exactly bgpd's networks: set by a reload; cleared when a change failed part-way
+        # (it then holds what bgpd may have), so that the next change reloads instead of a delta, which
+        # would take a network counted but never sent as already there
+        self.announced_sure = False
         self.withdrawn = False  # withdraw_all in force until the next apply
         self.flows_off = False  # the node label OFF_LABEL=off
         self.reload_error = ""

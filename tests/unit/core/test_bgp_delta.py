@@ -164,6 +164,7 @@ def worker(frr: FakeFrr, running_docs, desired_docs):
     running, desired = rendered(running_docs), rendered(desired_docs)
     st.applied, st.announced, st.desired, st.disk = running, running.networks, desired, running.text
     st.forwarding = (True, True)
+    st.announced_sure = True  # as after a reload
     withdrawer = Withdrawer(frr, st, Backoff("vtysh", base=0.5))  # type: ignore[arg-type]
     metrics = bgp_metrics(CollectorRegistry())
     rl = Reloader(frr, st, withdrawer, Backoff("frr-reload", base=5.0), metrics, 0.0)  # type: ignore[arg-type]
@@ -206,6 +207,18 @@ def test_a_failed_delta_whose_reload_fails_too_leaves_everything_tried_to_be_wit
     # the decision drops two of them: the withdrawal removes what bgpd may have taken
     st.desired = rendered(BASE + vips(2))
     assert rl.withdrawer.due()
+    # bgpd works again, the decision keeps all four: a reload (a delta would take the two counted
+    # as announced for sent), then deltas again
+    frr.fail = False
+    frr.reload = FakeFrr.reload.__get__(frr)  # type: ignore[method-assign]
+    rl.backoff.succeeded()
+    st.desired = desired
+    rl._apply(desired)
+    assert frr.reloads == [desired.text] and rl.last_path == "reload" and st.announced_sure
+    more = rendered(BASE + vips(5))
+    st.desired = more
+    rl._apply(more)
+    assert rl.last_path == "delta" and frr.vty[-1][2:-2] == ["network 203.0.113.14/32"]
 
 
 def test_forwarding_off_where_the_config_wants_it_on_reloads_instead_of_a_delta():
@@ -312,3 +325,20 @@ def test_union_keeps_order_and_each_network_once_in_linear_time():
     assert union(a, b) == {("", 1): {"ipv4": ["a", "b", "c"], "ipv6": ["x"]}, ("v", 2): {"ipv4": []}}
     big = [f"2001:db8:5::{i:x}/128" for i in range(20000)]
     assert union({("", 1): {"ipv6": big[:11000]}}, {("", 1): {"ipv6": big[1000:]}})[("", 1)]["ipv6"] == big
+
+
+def test_a_failed_withdrawal_makes_the_next_change_a_reload():
+    frr = FakeFrr(fail=True)
+
+    def vtysh_refuses(lines, timeout=5.0):
+        raise FrrError("vtysh: % bgpd is not running")
+
+    frr.configure = vtysh_refuses  # type: ignore[attr-defined]
+    st, rl, _m, _desired = worker(frr, BASE + vips(3), BASE + vips(2))
+    rl.withdrawer.withdraw(st.desired.networks)  # type: ignore[union-attr]
+    assert not st.announced_sure and rl.withdrawer.backoff.failures == 1
+    frr.fail = False
+    later = rendered(BASE + vips(4))
+    st.desired = later
+    rl._apply(later)
+    assert rl.last_path == "reload" and frr.reloads == [later.text]
