@@ -109,9 +109,10 @@ docs-check: deps venv
 # Each step runs as `make STEP` through scripts/run-steps.py, which ends with a
 # table of what ran, passed and took how long (the steps' output streams as it comes).
 # `unit+lab-images+sanity+lint+docs-check+fuzz` run side by side, two at a time, on two cores
-# (the image builds mostly wait on the mirror and the disk). ansible-test sanity installs its tools into
+# (the image builds mostly wait on the mirror and the disk); `install-test+own-hosts-test` run side
+# by side too (two labs of their own, mostly waiting on ssh, systemd and drains). ansible-test sanity installs its tools into
 # virtualenvs of its own (~/.ansible/test/venv), never into the one unit runs from.
-TEST_STEPS := unit+lab-images+sanity+lint+docs-check+fuzz netns labtests install-test own-hosts-test $(addprefix molecule-,$(SCENARIOS)) chaos-short
+TEST_STEPS := unit+lab-images+sanity+lint+docs-check+fuzz netns labtests install-test+own-hosts-test $(addprefix molecule-,$(SCENARIOS)) chaos-short
 test: deps venv
 	$(PY) scripts/run-steps.py --title "make test" $(TEST_STEPS)
 

@@ -14,10 +14,16 @@ The environment (what a user has before the page's first command):
   controller namespace, as a bastion would be).
 
 Then every ``console`` block of the page runs in order: on the controller as USER (bash -e), or
-on c1 when the block's first line is ``# on a client``. After the deploy, after the checks and
-after the roll back, this test looks for itself: each node's venv runs its own Python (the
-wheelhouse per node platform), one MAC answers ARP for the VIP and HTTP reaches that node, and
-the uninstall left nothing (unit, files, tables, addresses on lo). Each step prints its time.
+on c1 when the block's first line is ``# on a client``. The first deploy installs the previous
+release (the commit release/previous.json names, from ``git archive``); before the page's upgrade
+block the test puts this tree's collection into collections-download/, as a new download would.
+After the blocks, this test looks for itself: each node's venv runs its own Python (the
+wheelhouse per node platform); one MAC answers ARP for the VIP and HTTP reaches that node (IPv6
+too); the node commands of README.md, docs/troubleshooting.md and docs/monitoring.md run as
+written on a node that does not own the VIP (over ssh with sudo; --watch and tcpdump stopped
+after 3 s); the upgrade, remove_node and site.yml --limit lose no HTTP request sent every 50 ms
+from c1, and change each node's daemon / the members seen; the uninstall leaves nothing (unit,
+files, tables, addresses on lo). Each step prints its time.
 
 Run as root: .venv/bin/python tests/install/own_hosts.py  (KEEP=1 keeps the lab and the directory)
 """
@@ -28,32 +34,44 @@ import json
 import os
 import pwd
 import re
+import shlex
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 TOP = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(TOP / "roles" / "lab" / "files"))
 import labctl  # noqa: E402  (the lab's own module, from this tree)
 
-NAME = "oh"
-USER = "nlbadmin"
+NAME = os.environ.get("OWN_HOSTS_LAB", "oh")
+USER = os.environ.get("OWN_HOSTS_USER", "nlbadmin")
+# the release an upgrade starts from: {"commit": ...}; OWN_HOSTS_PREVIOUS=<commit> overrides it
+PREVIOUS_FILE = TOP / "release" / "previous.json"
 PAGE = TOP / "docs" / "own-hosts.md"
-VIP = "198.51.100.240"
+VIP = "198.51.100.200"
+VIP6 = "2001:db8:1::200"
 NODES = {"node1": ("trixie", "198.51.100.11"), "node2": ("trixie", "198.51.100.12"),
          "node3": (None, "198.51.100.13")}
+# the other pages whose commands run on a node (a node that does not own VIP, so that probe asks the wire)
+NODE_PAGES = ("README.md", "docs/troubleshooting.md", "docs/monitoring.md")
+NODE_COMMAND = re.compile(r"^(?:# )?((?:nocloudlb|tcpdump|systemctl|journalctl) .*)$")
+ENDLESS = ("--watch", "tcpdump ")  # run for 3 s, then stopped (exit 124 is theirs)
 TOPOLOGY = {
     "name": NAME,
     "segments": {"lan": {}},
     "hosts": {
         **{n: {"groups": ["nodes"], "ssh": True, **({"release": rel} if rel else {}),
-               "interfaces": [{"segment": "lan", "addresses": [f"{addr}/24"]}]}
+               "interfaces": [{"segment": "lan",
+                               "addresses": [f"{addr}/24", f"2001:db8:1::{addr.rsplit('.', 1)[1]}/64"]}]}
            for n, (rel, addr) in NODES.items()},
-        "c1": {"groups": ["clients"], "interfaces": [{"segment": "lan", "addresses": ["198.51.100.50/24"]}]},
+        "c1": {"groups": ["clients"],
+               "interfaces": [{"segment": "lan", "addresses": ["198.51.100.50/24", "2001:db8:1::50/64"]}]},
     },
 }
 T0 = time.monotonic()
@@ -89,6 +107,7 @@ class Env:
         self.dir = self.home / "lb"
         self.lab = labctl.Lab(NAME)
         self.jumps: list[subprocess.Popen] = []
+        self.before: dict[str, str] = {}  # each node's daemon digest before the upgrade
 
     # -- the user
     def make_user(self) -> None:
@@ -146,7 +165,7 @@ class Env:
             self.lab.exec(n, ["sh", "-c", f"mkdir -p /srv/www && echo {n} > /srv/www/index.html && "
                               "systemd-run --unit shop-www -p DynamicUser=yes "
                               "-p AmbientCapabilities=CAP_NET_BIND_SERVICE "
-                              "python3 -m http.server 80 --directory /srv/www >/dev/null"])
+                              "python3 -m http.server 80 --bind :: --directory /srv/www >/dev/null"])
 
     def ssh_config(self) -> None:
         """The user's ssh setup: the lab's key and host keys, a jump into the hosts' segment."""
@@ -176,14 +195,16 @@ class Env:
             time.sleep(0.1)
         fail("the ssh jump sockets did not appear")
 
-    def collections(self) -> None:
-        """collections-download/: as ``ansible-galaxy collection download`` leaves it."""
+    def collections(self, tree: Path, label: str) -> None:
+        """collections-download/ as ``ansible-galaxy collection download`` leaves it, the collection built from
+        ``tree`` (what was there before is replaced: a new download)."""
         dl = self.dir / "collections-download"
+        shutil.rmtree(dl, ignore_errors=True)
         dl.mkdir()
         galaxy = str(TOP / ".venv" / "bin" / "ansible-galaxy")
-        r = run([galaxy, "collection", "build", "--output-path", str(dl), str(TOP)])
+        r = run([galaxy, "collection", "build", "--output-path", str(dl), str(tree)])
         if r.returncode:
-            fail(f"ansible-galaxy collection build: {r.stderr}")
+            fail(f"ansible-galaxy collection build {tree}: {r.stderr}")
         bundled = next((TOP / ".venv" / "lib").glob("python3*/site-packages/ansible_collections"), None)
         if bundled is None:
             fail("no ansible package in .venv (make venv) to take the dependencies from")
@@ -199,7 +220,20 @@ class Env:
         (dl / "requirements.yml").write_text("\n".join(lines) + "\n")
         for p in (dl, *dl.iterdir()):
             shutil.chown(p, USER, USER)
-        print("  " + " ".join(sorted(p.name for p in dl.glob("*.tar.gz"))))
+        print(f"  collections-download/ holds {label}: " + " ".join(sorted(p.name for p in dl.glob("*.tar.gz"))))
+
+    def previous_tree(self) -> tuple[str, Path]:
+        """The previous release's tree (its commit from PREVIOUS_FILE), extracted with git archive."""
+        commit = os.environ.get("OWN_HOSTS_PREVIOUS") or json.loads(PREVIOUS_FILE.read_text())["commit"]
+        tree = self.work / "previous"
+        tree.mkdir()
+        arch = subprocess.run(["git", "-C", str(TOP), "archive", "--format=tar", commit], capture_output=True,
+                              check=False)
+        if arch.returncode:
+            fail(f"git archive {commit} (the previous release, {PREVIOUS_FILE.relative_to(TOP)}): "
+                 f"{arch.stderr.decode(errors='replace').strip()} (a full clone of the repository is needed)")
+        subprocess.run(["tar", "-x", "-C", str(tree)], input=arch.stdout, check=True)
+        return commit, tree
 
     def close(self) -> None:
         for p in self.jumps:
@@ -318,12 +352,82 @@ def after_add(env: Env) -> None:
     check_answered(env)
 
 
-# (text in the block, whether traffic must not fail, the check after it)
-HOOKS = [("nocloud.loadbalancer.site -e nocloudlb_hosts=lb\n", False, check_deployed),
-         ("ip neigh show", False, check_answered),
-         ("nocloud.loadbalancer.remove_node", True, after_remove),
-         ("--limit node1", True, after_add),
-         ("nocloud.loadbalancer.uninstall -e nocloudlb_hosts=lb\n", False, check_removed)]
+def digests(env: Env) -> dict[str, str]:
+    return {n: env.lab.exec(n, ["cat", "/opt/nocloudlb/venv/nocloudlb-digest"]).stdout.strip() for n in NODES}
+
+
+def before_upgrade(env: Env) -> None:
+    env.before = digests(env)
+    env.collections(TOP, "this tree (the new release)")
+
+
+def after_upgrade(env: Env) -> None:
+    after = digests(env)
+    same = [n for n in NODES if after[n] == env.before[n]]
+    if same:
+        fail(f"the upgrade left {same} on the daemon they ran before ({env.before})")
+    print(f"  every node's daemon upgraded: {env.before['node1']} -> {after['node1']}")
+    check_cluster(env, 3)
+    check_answered(env)
+
+
+class Hook(NamedTuple):
+    needle: str  # text in the block
+    lossless: bool  # HTTP from c1 during the block, none may fail
+    after: Callable[[Env], None]
+    before: Callable[[Env], None] | None = None
+
+
+def node_commands() -> list[tuple[str, str]]:
+    """(page, command) for each command of NODE_PAGES' console blocks that runs on a node."""
+    out = []
+    for page in NODE_PAGES:
+        for _where, text in page_blocks(TOP / page):
+            for line in text.splitlines():
+                m = NODE_COMMAND.match(line.strip())
+                if m:
+                    out.append((page, m.group(1)))
+    return out
+
+
+def run_node_commands(env: Env) -> None:
+    """The other pages' node commands, as the controller user over ssh with sudo, on a node that does not own
+    the VIP."""
+    macs = {env.lab.exec(n, ["cat", "/sys/class/net/eth0/address"]).stdout.strip(): n for n in NODES}
+    neigh = env.lab.exec("c1", ["ip", "neigh", "show", VIP], check=False).stdout.split()
+    owner = macs.get(neigh[neigh.index("lladdr") + 1]) if "lladdr" in neigh else None
+    node = next(n for n in NODES if n != owner)
+    addr = NODES[node][1]
+    cmds = node_commands()
+    if len(cmds) < 10:
+        fail(f"only {len(cmds)} node commands found in {NODE_PAGES}")
+    for page, cmd in cmds:
+        endless = any(e in cmd for e in ENDLESS)
+        remote = "sudo bash -o pipefail -c " + shlex.quote(("timeout 3 " if endless else "") + cmd)
+        t = time.monotonic()
+        r = env.as_user(f"ssh operator@{addr} {shlex.quote(remote)}", timeout=60)
+        if r.returncode and not (endless and r.returncode == 124):
+            fail(f"{page}: `{cmd}` on {node} exited {r.returncode}:\n{r.stdout[-1500:]}{r.stderr[-1500:]}")
+        first = (r.stdout.strip().splitlines() or ["(no output)"])[0][:90]
+        print(f"  {page}: {cmd.split('#')[0].strip()[:60]:60} {time.monotonic() - t:4.1f} s  {first}")
+    print(f"  {len(cmds)} commands of {', '.join(NODE_PAGES)} ran on {node} (not the owner {owner})")
+
+
+def after_check(env: Env) -> None:
+    check_answered(env)
+    six = env.lab.exec("c1", ["curl", "-sf", "-m", "2", f"http://[{VIP6}]/"], check=False).stdout.strip()
+    if six not in NODES:
+        fail(f"{VIP6}: HTTP answered {six!r}, expected a node's name")
+    print(f"  {VIP6}: HTTP served by {six}")
+    run_node_commands(env)
+
+
+HOOKS = [Hook("nocloud.loadbalancer.site -e nocloudlb_hosts=lb\n", False, check_deployed),
+         Hook("ip neigh show", False, after_check),
+         Hook("install --offline --force", True, after_upgrade, before_upgrade),
+         Hook("nocloud.loadbalancer.remove_node", True, after_remove),
+         Hook("--limit node1", True, after_add),
+         Hook("nocloud.loadbalancer.uninstall -e nocloudlb_hosts=lb\n", False, check_removed)]
 
 
 def main() -> int:
@@ -338,7 +442,8 @@ def main() -> int:
              "collections-download/")
         env.make_user()
         env.ssh_config()
-        env.collections()
+        commit, tree = env.previous_tree()
+        env.collections(tree, f"the previous release ({commit})")
         print(f"  {env.as_user('python3 -V; id -un').stdout.strip()}".replace("\n", ", "))
         blocks = page_blocks(PAGE)
         if len(blocks) < 5:
@@ -348,8 +453,11 @@ def main() -> int:
             step(f"docs/own-hosts.md block {i}/{len(blocks)} on {'c1' if where == 'client' else 'the controller'}: "
                  f"{first}{' ...' if text.count(chr(10)) > 1 else ''}")
             t = time.monotonic()
-            hooks = [(lossless, check) for needle, lossless, check in HOOKS if needle in text]
-            load = Load(env) if any(lossless for lossless, _c in hooks) else None
+            hooks = [h for h in HOOKS if h.needle in text]
+            for h in hooks:
+                if h.before is not None:
+                    h.before(env)
+            load = Load(env) if any(h.lossless for h in hooks) else None
             if where == "client":
                 r = env.lab.exec("c1", ["bash", "-euo", "pipefail", "-c", text], check=False)
             else:
@@ -364,8 +472,8 @@ def main() -> int:
                 ok_n, failed_n = load.stop()
                 if failed_n or not ok_n:
                     fail(f"block {i}: {failed_n} HTTP requests to {VIP} failed ({ok_n} answered)")
-            for _lossless, check in hooks:
-                check(env)
+            for h in hooks:
+                h.after(env)
         step(f"done: docs/own-hosts.md executed, deployed, answered and rolled back in {time.monotonic() - T0:.0f} s")
         ok = True
     finally:

@@ -106,8 +106,8 @@ def test_a_member_back_from_dead_meets_about_2k_exchanges_not_one_per_member(mak
           f"(paired members {len(paired)}: {paired}; one per peer would be {len(peers)}); peers that exchanged "
           f"with it: {synced}; peers that started exchanges with anyone (kinship's periodic ones too): {started}")
     # only its pairs exchanged with it (a pair may twice: its reconnect, then kinship's own rejoin), or a
-    # peer that found itself paused (speakerResumed: it exchanges with every member, by design); kinship's
-    # periodic push-pulls (every 30 s per node) add to what the member served. Before healsync.py every
-    # peer exchanged with it (12 served in the measured run)
+    # peer that found itself paused (speakerResumed: it exchanges with every member, by design, so once with
+    # this one too); kinship's periodic push-pulls (every 30 s per node) add to what the member served.
+    # Before healsync.py every peer exchanged with it (12 served in the measured run)
     assert set(synced) <= set(paired) | resumed, (synced, paired, resumed)
-    assert exchanges <= 2 * len(paired) + 2, exchanges
+    assert exchanges <= 2 * len(paired) + 2 + len(resumed), (exchanges, paired, sorted(resumed), started)

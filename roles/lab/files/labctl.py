@@ -51,6 +51,7 @@ BASE_PACKAGES = [
     "systemd", "systemd-sysv", "dbus", "python3", "python3-venv", "iproute2", "procps",
     "frr", "frr-pythontools", "keepalived", "arping", "tcpdump", "iputils-ping", "nftables",
     "curl", "ca-certificates", "netcat-openbsd", "less",
+    "jq",  # the docs' journalctl | jq lines run on nodes (tests/install/own_hosts.py)
 ]
 # Units that have no job in a namespace host, or would touch the machine, or just add load.
 MASKED_UNITS = [
