@@ -18,10 +18,16 @@ route gone from r1's kernel table. The other parts poll (``ip route``, ``vtysh .
   connectionsEstablished and uptime before and after (no reset);
 - N VIPs (IPv6 pool, 10/100/1,000/2,000 in turn): decision + render time, frr-reload time, time
   until the router has received all N from both nodes and has all N with two next hops in its
-  kernel table, bgpd's and zebra's memory on a node and on the router; then all withdrawn at once.
+  kernel table, bgpd's and zebra's memory on a node and on the router; then all withdrawn at once;
+- ``delta`` (no lab: zebra and bgpd of the lab's base image in two network namespaces,
+  tests/netns/frr_harness.py): adding ``--delta-sizes`` prefixes in turn (1,000 then 10,000) to
+  one VIP, once by delta (``network`` lines on bgpd's vty socket) and once by full reload
+  (frr-reload), side by side: the worker's time, the time from the change until the router has
+  received all of them, and the router's table counted afterwards.
 
     sudo .venv/bin/python benchmarks/bgp.py --runs 3 [--sizes 10,100,1000,2000] [--parts scale]
         [--json] [--out FILE] [--lab NAME] [--withdraw-via vty|vtysh]
+    sudo .venv/bin/python benchmarks/bgp.py --parts delta [--delta-sizes 1000,10000]
 
 The JSON document carries the run's conditions (start and end time, load average, commit).
 """
@@ -40,6 +46,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "roles", "lab", "files"))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "netns"))
 
 import labctl  # noqa: E402
 from nocloudlb.bgp.frr import FrrControl  # noqa: E402
@@ -381,6 +388,74 @@ def scale(b: Bench, sizes: list[int]) -> list[dict]:
     return rows
 
 
+def delta_docs(n: int) -> object:
+    """One IPv6 pool (/112) with ``n`` VIPs, one IPv6 peer (the router at 2001:db8:1::12)."""
+    out: list[dict] = [
+        {"apiVersion": "metallb.io/v1beta1", "kind": "IPAddressPool", "metadata": {"name": "v6"},
+         "spec": {"addresses": ["2001:db8:5::/112"]}},
+        {"apiVersion": "metallb.io/v1beta2", "kind": "BGPPeer", "metadata": {"name": "r1v6"},
+         "spec": {"myASN": 64512, "peerASN": 64500, "peerAddress": "2001:db8:1::12", "connectTime": "1s"}},
+        {"apiVersion": "metallb.io/v1beta1", "kind": "BGPAdvertisement", "metadata": {"name": "v6"},
+         "spec": {"ipAddressPools": ["v6"]}}]
+    out += [_svc(f"v6-{i}", f"2001:db8:5::{i + 1:x}") for i in range(n)]
+    return parse_resources(out)
+
+
+def delta_path(path: str, adds: list[int]) -> list[dict]:
+    """One node and one router (fresh bgpds); the node's mode applies one VIP (a full reload), then
+    ``adds`` more in turn by ``path`` ("delta", or "reload" with the delta turned off)."""
+    from frr_harness import FrrHost, frr_image, router_lines  # noqa: PLC0415 - only this part needs them
+    from netns import make_segment  # noqa: PLC0415
+    from prometheus_client import CollectorRegistry  # noqa: PLC0415
+
+    image = frr_image()
+    if image is None:
+        raise SystemExit("no lab base image with FRR (roles/lab/files/labctl.py builds it)")
+    rows = []
+    with make_segment("nbdb", hosts=2, client=False) as seg:
+        node, router = FrrHost(seg, seg.hosts[0].ns, "n1", image), FrrHost(seg, seg.hosts[1].ns, "r1", image)
+        mode = None
+        try:
+            node.start()
+            router.start()
+            router.vtysh(*router_lines(64500, {"2001:db8:1::11": 64512}, ("ipv6",)))
+            mode = BgpMode("n1", node.control(), debounce=0.05, retry=1.0, registry=CollectorRegistry())
+            mode.delta = path == "delta"
+            mode.start()
+            total = 1
+            mode.apply("n1", [NodeView("n1", {})], delta_docs(total))
+            if not mode.wait_applied(120) or not wait_for(lambda: router.received("2001:db8:1::11", "ipv6") == 1,
+                                                          60, 0.1):
+                raise SystemExit(f"{path}: the first VIP never reached the router: {mode.status()['config']}")
+            for n in adds:
+                total += n
+                cfg = delta_docs(total)
+                t0 = time.monotonic()
+                mode.apply("n1", [NodeView("n1", {})], cfg)
+                render_s = time.monotonic() - t0
+                applied = mode.wait_applied(1800)
+                applied_s = time.monotonic() - t0
+                got = wait_for(lambda total=total: router.received("2001:db8:1::11", "ipv6") >= total, 600, 0.05)
+                received_s = time.monotonic() - t0
+                status = mode.status()["config"]
+                table = len(router.table("ipv6"))
+                rows.append({"path": path, "added": n, "total": total, "decide+render (s)": round(render_s, 3),
+                             "worker (s)": status["lastDeltaSeconds" if path == "delta" else "lastReloadSeconds"],
+                             "of it vty (s)": (round(mode.reloader.deltas.last_vty_seconds, 4)
+                                               if path == "delta" else "-"),
+                             "applied (s)": round(applied_s, 3) if applied else None,
+                             "router received all (s)": round(received_s, 3) if got else None,
+                             "router table": table, "path taken": status["lastPath"],
+                             "deltas/reloads": f"{status['deltas']}/{status['reloads']}"})
+                print("delta:", json.dumps(rows[-1]), file=sys.stderr, flush=True)
+        finally:
+            if mode is not None:
+                mode.close()
+            for h in (node, router):
+                h.close()
+    return rows
+
+
 def conditions() -> dict:
     try:
         commit = os.popen(f"git -C {HERE} rev-parse --short HEAD 2>/dev/null").read().strip()
@@ -394,6 +469,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--sizes", default="10,100,1000")
+    ap.add_argument("--delta-sizes", default="1000,10000", help="prefixes added in turn by the delta part")
     ap.add_argument("--parts", default="withdrawal,config,scale", help="which parts to run (comma-separated)")
     ap.add_argument("--json", action="store_true", help="print only the JSON document")
     ap.add_argument("--out", help="also write the JSON document to this file")
@@ -405,6 +481,25 @@ def main() -> int:
     parts = set(a.parts.split(","))
     result: dict = {"conditions": conditions()}
     result["conditions"]["withdraw_via"] = a.withdraw_via
+    if "delta" in parts:
+        adds = [int(s) for s in a.delta_sizes.split(",")]
+        result["delta"] = delta_path("delta", adds) + delta_path("reload", adds)
+    if parts - {"delta"}:
+        lab_parts(a, parts, result)
+    result["conditions"]["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    result["conditions"]["loadavg_end"] = os.getloadavg()
+    if a.out:
+        with open(a.out, "w", encoding="utf-8") as fh:
+            json.dump(result, fh, indent=1)
+    if a.json:
+        print(json.dumps(result, indent=1))
+        return 0
+    report(result)
+    return 0
+
+
+def lab_parts(a: argparse.Namespace, parts: set[str], result: dict) -> None:
+    """The parts that run on a lab (withdrawal, config, scale)."""
     lab = labctl.Lab(a.lab)
     lab.down()
     lab.up(TOPOLOGY)
@@ -424,17 +519,32 @@ def main() -> int:
         if b is not None:
             b.close()
         lab.down()
-    result["conditions"]["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    result["conditions"]["loadavg_end"] = os.getloadavg()
-    if a.out:
-        with open(a.out, "w", encoding="utf-8") as fh:
-            json.dump(result, fh, indent=1)
-    if a.json:
-        print(json.dumps(result, indent=1))
-        return 0
+
+
+def report(result: dict) -> None:
     print("conditions:", json.dumps(result["conditions"]))
+    drows = result.get("delta", [])
+    if drows:
+        print("\nprefixes added to a node's bgpd, by delta and by full reload (router: a second bgpd)")
+        print("| " + " | ".join(drows[0]) + " |\n|" + " --- |" * len(drows[0]))
+        for row in sorted(drows, key=lambda r: (r["total"], r["path"])):
+            print("| " + " | ".join(str(v) for v in row.values()) + " |")
     w = result.get("withdrawal", {})
-    print("withdrawal of n1's next hop at the router (s; r1's route event, `ip -ts monitor route`), "
+    if w:
+        withdrawal_report(w)
+    if "config_change" in result:
+        print("\nconfig change:", json.dumps(result["config_change"]))
+    rows = result.get("scale", [])
+    if rows:
+        print("\n| " + " | ".join(rows[0]) + " |\n|" + " --- |" * len(rows[0]))
+        for row in rows[:-1]:
+            print("| " + " | ".join(str(v) for v in row.values()) + " |")
+        print(json.dumps(rows[-1]))
+    print("\nJSON " + json.dumps(result))
+
+
+def withdrawal_report(w: dict) -> None:
+    print("\nwithdrawal of n1's next hop at the router (s; r1's route event, `ip -ts monitor route`), "
           "BFD 100 ms x 3, timers 3/9")
     print("| event | runs | each | polled instead (ip route every ~20 ms) |\n| --- | --- | --- | --- |")
     for event, times in w.get("times", {}).items():
@@ -448,16 +558,6 @@ def main() -> int:
         for event, rows in w["split"].items():
             for row in rows:
                 print(f"| {event} | {row['via']} | {row['sent']} | {row['update on the wire']} | {row['route gone']} |")
-    if "config_change" in result:
-        print("\nconfig change:", json.dumps(result["config_change"]))
-    rows = result.get("scale", [])
-    if rows:
-        print("\n| " + " | ".join(rows[0]) + " |\n|" + " --- |" * len(rows[0]))
-        for row in rows[:-1]:
-            print("| " + " | ".join(str(v) for v in row.values()) + " |")
-        print(json.dumps(rows[-1]))
-    print("\nJSON " + json.dumps(result))
-    return 0
 
 
 if __name__ == "__main__":

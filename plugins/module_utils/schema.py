@@ -1297,3 +1297,60 @@ def parse_flow_handover(value: Any) -> tuple[int, int, list[str]]:
         else:
             burst = got
     return rate, rate if burst is None else burst, errors
+
+
+CONNECTION_SYNC_KEYS = ("binary", "commitTimeout", "enabled", "socket")
+CONNECTION_SYNC_TIMEOUT = 0.3  # s: a takeover waits at most this long for the commit of the synced state
+CONNECTION_SYNC_TIMEOUT_RANGE = (0.01, 5.0)
+
+
+@dataclass(frozen=True)
+class ConnectionSync:
+    """``connectionSync`` of the speaker's config file: conntrackd's state sync for the data plane.
+
+    ``socket``: conntrackd's UNIX control socket (its ``General { UNIX { Path } }``); ``binary``: the
+    conntrackd program, run as the client (``-c`` commit, ``-s`` statistics); ``commit_timeout``: the
+    longest a takeover waits for the commit before its first gratuitous ARP/NA."""
+
+    enabled: bool = False
+    socket: str = "/var/run/conntrackd.ctl"
+    binary: str = "/usr/sbin/conntrackd"
+    commit_timeout: float = CONNECTION_SYNC_TIMEOUT
+
+
+def parse_connection_sync(value: Any) -> tuple[ConnectionSync, list[str]]:
+    """``connectionSync`` of the speaker's config file -> (settings, errors).
+
+    ``{enabled: bool, socket: absolute path, binary: absolute path, commitTimeout: seconds}``; absent:
+    off. Errors name the field and the value."""
+    if value is None:
+        return ConnectionSync(), []
+    if not isinstance(value, dict):
+        return ConnectionSync(), [f"connectionSync: must be a mapping like {{enabled: true, socket: "
+                                  f"/var/run/conntrackd.ctl}}, got {_q(value)}"]
+    errors = [f"connectionSync: unknown key {_q(key)} (known: {', '.join(CONNECTION_SYNC_KEYS)})"
+              for key in sorted(set(value) - set(CONNECTION_SYNC_KEYS), key=str)]
+    out: dict[str, Any] = {}
+    enabled = value.get("enabled", False)
+    if not isinstance(enabled, bool):
+        errors.append(f"connectionSync.enabled: {_q(enabled)} must be true or false")
+    else:
+        out["enabled"] = enabled
+    for key in ("socket", "binary"):
+        if key not in value:
+            continue
+        got = value[key]
+        if not isinstance(got, str) or not got.startswith("/") or len(got) > 107 or any(
+                c in got for c in "\n\r\t\0 "):
+            errors.append(f"connectionSync.{key}: {_q(got)} must be an absolute path (at most 107 characters, "
+                          "no spaces)")
+        else:
+            out[key] = got
+    if "commitTimeout" in value:
+        got = value["commitTimeout"]
+        low, high = CONNECTION_SYNC_TIMEOUT_RANGE
+        if isinstance(got, bool) or not isinstance(got, int | float) or not low <= got <= high:
+            errors.append(f"connectionSync.commitTimeout: {_q(got)} must be a number of seconds from {low} to {high}")
+        else:
+            out["commit_timeout"] = float(got)
+    return ConnectionSync(**out), errors

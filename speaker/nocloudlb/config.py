@@ -50,7 +50,7 @@ MAX_ERRORS = 40  # errors reported; the rest are counted
 MAX_ERROR_LEN = 300  # characters per error
 MAX_ERROR_CHARS = MAX_ERRORS * (MAX_ERROR_LEN + 1) + 100  # the whole refusal, joined by newlines
 TOP_KEYS = {"node", "memberlist", "stateDir", "socket", "metrics", "handover", "logLevel", "resources", "announce",
-            "bgp"}
+            "bgp", "connectionSync"}
 # Pacing of gratuitous ARP/NA (and probes) per interface: a takeover of 5,000 IPv4 VIPs is 10,000 frames,
 # 2 s at the default rate; answers to requests are never paced.
 DEFAULT_ANNOUNCE_RATE = 5000.0
@@ -93,6 +93,8 @@ class SpeakerConfig:
     # memberlist.witness: an address on the announce segment (the gateway, say) that counts as one vote of
     # the quorum while it answers (nocloudlb.core.quorum): a two-node cluster then fails over on a crash
     witness: str = ""
+    # connectionSync: conntrackd's state committed on a takeover of a forwarded VIP (dataplane/connsync.py)
+    connection_sync: Any = None  # nocloudlb.core.schema.ConnectionSync, None: off
 
 
 def _printable(text: str) -> str:
@@ -187,7 +189,7 @@ def resources_digest(resources: list) -> str:
 
 def parse(data: Any, path: str = "") -> SpeakerConfig:
     """Check a loaded YAML document; raise ConfigError listing every problem."""
-    from nocloudlb.core.schema import parse_flow_handover, parse_resources
+    from nocloudlb.core.schema import parse_connection_sync, parse_flow_handover, parse_resources
 
     errors: list[str] = []
     if not isinstance(data, dict):
@@ -365,6 +367,8 @@ def parse(data: Any, path: str = "") -> SpeakerConfig:
     else:
         flow_rate, flow_burst, flow_errors = parse_flow_handover(bgp.get("flowHandover"))
         errors.extend(flow_errors)
+    connection_sync, sync_errors = parse_connection_sync(data.get("connectionSync"))
+    errors.extend(sync_errors)
 
     resources = data.get("resources") or []
     parsed = None
@@ -384,6 +388,7 @@ def parse(data: Any, path: str = "") -> SpeakerConfig:
         log_level=log_level.lower(), resources=resources, parsed=parsed, digest=resources_digest(resources),
         path=path, handover_grace=handover_grace, announce_rate=announce_rate, announce_burst=announce_burst,
         start_settle=start_settle, flow_rate=flow_rate, flow_burst=flow_burst, witness=witness,
+        connection_sync=connection_sync,
     )
 
 

@@ -325,6 +325,8 @@ class Speaker:
             self.rt.quorum.close()
         for m in self.rt.modes:
             m.close()
+        if self.rt.connsync is not None:
+            self.rt.connsync.close()
         if self.control is not None:
             self.control.stop()
         if self.rt.health is not None:

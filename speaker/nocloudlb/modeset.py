@@ -8,7 +8,10 @@ mode is).
 - ``ensure(cfg)``: the optional modes a config asks for (data plane for Backends, BGP for BGPPeers),
   started on the first reconcile that needs one, before layer 2; one whose start fails is logged
   ``modeFailed`` and tried again 30 s later, the other modes going on;
-- ``other_lo()``: the VIPs the modes other than layer 2 serve, which the layer-2 mode holds on lo too.
+- ``other_lo()``: the VIPs the modes other than layer 2 serve, which the layer-2 mode holds on lo too;
+- ``sync_settings(cfg)`` (from ``ensure``): the data plane's connection sync (dataplane/connsync.py) as
+  ``connectionSync`` says, and ``before_gain(ips)``, layer 2's hook before it announces VIPs it did not:
+  the synced conntrack state is committed when one of them is forwarded by the data plane here.
 """
 
 from __future__ import annotations
@@ -54,7 +57,8 @@ class ModeSet:
             handover = HandoverForwarder(logging.getLogger("nocloudlb.l2"), grace=cfg.handover_grace)
         self.rt.l2 = L2Mode(None, self.rt.delivery, cfg.state_dir, gate=self.gate,
                             member_macs=self.member_macs, handover=handover, post=self.rt.post,
-                            other_lo=self.other_lo, suspecters=self.rt.suspecters, quorum=self.rt.has_quorum)
+                            other_lo=self.other_lo, suspecters=self.rt.suspecters, quorum=self.rt.has_quorum,
+                            before_gain=self.before_gain)
         self.rt.l2.announcer = factory(cfg.node_name, logging.getLogger("nocloudlb.l2"),
                                        is_peer_mac=self.rt.l2.is_peer_mac, rate=cfg.announce_rate,
                                        burst=cfg.announce_burst)
@@ -98,7 +102,39 @@ class ModeSet:
                 held |= set(lo_vips())
         return held
 
+    def sync_settings(self, cfg: SpeakerConfig) -> None:
+        """Connection sync started, restarted with new settings or stopped, as ``connectionSync`` says."""
+        want = cfg.connection_sync if cfg.connection_sync is not None and cfg.connection_sync.enabled else None
+        current = self.rt.connsync
+        if current is not None and current.settings != want:
+            current.close()
+            self.rt.connsync = None
+            logs.event(log, "connSyncStopped")
+        if want is not None and self.rt.connsync is None:
+            from .dataplane.connsync import ConnSync  # noqa: PLC0415
+
+            sync = ConnSync(want, cfg.state_dir)
+            sync.start()
+            self.rt.connsync = sync
+            logs.event(log, "connSyncStarted", socket=want.socket, commitTimeout=want.commit_timeout)
+
+    def before_gain(self, ips: list[str]) -> None:
+        """Layer 2 is about to announce ``ips`` (not announced before): commit the synced state first when the
+        data plane forwards one of them here (bounded by ``connectionSync.commitTimeout``)."""
+        sync = self.rt.connsync
+        if sync is None:
+            return
+        forwarded: set[str] = set()
+        for m in self.rt.modes:
+            vips = getattr(m.mode, "forwarded_vips", None)
+            if vips is not None:
+                forwarded |= set(vips())
+        mine = [ip for ip in ips if ip in forwarded]
+        if mine:
+            sync.commit(mine)
+
     def ensure(self, cfg: SpeakerConfig) -> None:
+        self.sync_settings(cfg)
         running = {m.name for m in self.rt.modes}
         for name, needed, make in self.optional():
             if name in running or not needed(cfg.parsed):

@@ -42,6 +42,7 @@ class Runtime:
     labels: LabelStore | None = None
     l2: Any = None  # the layer-2 mode (nocloudlb.l2.mode.L2Mode)
     delivery: Any = None  # nocloudlb.l2.delivery, or a stand-in given to Speaker
+    connsync: Any = None  # nocloudlb.dataplane.connsync.ConnSync while connectionSync is enabled
     ready: bool = False
     closed: bool = False  # the gossip layer stopped: fail closed and exit
     stopping: bool = False  # a graceful stop began: no reconcile any more

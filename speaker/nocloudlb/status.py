@@ -100,6 +100,7 @@ class StatusReport:
                            "keyIds": ml.key_ids() if ml else [],
                            "encrypted": bool(ml and ml.settings.keys)},
             "health": self.rt.health.status() if self.rt.health else {},
+            "connectionSync": self.rt.connsync.status() if self.rt.connsync is not None else {"enabled": False},
             "heartbeat": self.rt.heartbeat.status() if self.rt.heartbeat else {},
             "quorum": self.rt.has_quorum() if self.config.cfg is not None else False,
             "witness": self.rt.quorum.status() if self.rt.quorum is not None else None,

@@ -254,6 +254,10 @@ def header(st: dict[str, Any], paint: Paint) -> str:
         up = sum(p.get("state") == "Established" for p in peers)
         sessions = ", ".join(f"{p.get('name')} {p.get('state', '?')}" for p in peers)
         lines.append(paint(f"bgp sessions {up}/{len(peers)} established: {sessions}", "32" if up else "31"))
+    sync = st.get("connectionSync") or {}
+    if sync.get("enabled"):
+        lines.append(paint(connsync_text(sync), "32" if sync.get("peer") == "up" and sync.get("daemon") == "up"
+                           and (sync.get("lastCommit") or {}).get("result") in (None, "ok") else "31"))
     tools = dict(st.get("modes") or {}, health=st.get("health") or {})
     lines += [paint(line, "31") for line in backoff_lines(tools)]
     lines += [paint(line, "31") for line in interface_lines(st.get("modes") or {})]
@@ -267,6 +271,22 @@ def header(st: dict[str, Any], paint: Paint) -> str:
         lines.append(paint(f"state file {f.get('path')} was corrupt at start ({f.get('reason')}): set aside as "
                            f"{f.get('setAside') or '(could not be renamed)'}{drained}", "31"))
     return "\n".join(lines)
+
+
+def connsync_text(sync: dict[str, Any]) -> str:
+    """One line: conntrackd and its sync peer, and the last commit before a takeover."""
+    line = f"connection sync: conntrackd {sync.get('daemon', '?')}, peer {sync.get('peer', '?')}"
+    if sync.get("daemonError"):
+        line += f" ({sync['daemonError']})"
+    last = sync.get("lastCommit") or {}
+    if last:
+        when = datetime.datetime.fromtimestamp(last.get("at", 0), datetime.UTC).isoformat(timespec="seconds")
+        line += f"; last commit {last.get('result')} in {last.get('seconds', 0):g} s at {when}"
+        if last.get("detail"):
+            line += f": {last['detail']}"
+    else:
+        line += "; no commit yet"
+    return line
 
 
 def _backoffs(value: Any, path: str = "") -> Iterable[tuple[str, dict[str, Any]]]:

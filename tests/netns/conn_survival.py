@@ -26,11 +26,14 @@ rules, real servers n3, n4, client 192.0.2.10). Added here:
   first commits its external cache into the kernel table (``conntrackd -c``), then the floating
   address moves and the client's neighbour entry for the VIP is re-pointed to n2.
 
-What the harness does by hand here and the speaker does not do yet: run conntrackd (its link,
-addresses and filter), commit the external cache before the new leader's gratuitous ARP, hold a
-floating gateway for NAT's real servers, and hold full-NAT's ``snatAddress`` with the VIP (the
-default masquerade takes the director's own address, which the synced entries then keep: the
-replies go on to the dead director, 50 of 50 stalled in benchmarks/conn_survival.py).
+The harness drives bare data-plane processes, not speakers, so it does by hand what the speaker and
+its role now do (docs/dataplane.md, "Connection sync"): run conntrackd (the role: its link,
+addresses and filter) and commit the external cache before the new leader's gratuitous ARP (the
+speaker's ``connectionSync``; tests/netns/test_connsync_speaker.py proves it with real speakers).
+What no part of the project does yet: hold a floating gateway for NAT's real servers. Full-NAT needs
+none when ``snatAddress`` is the VIP itself (the VIP moves with the speaker); the default masquerade
+takes the director's own address, which the synced entries then keep: the replies go on to the dead
+director, 50 of 50 stalled in benchmarks/conn_survival.py.
 """
 
 from __future__ import annotations

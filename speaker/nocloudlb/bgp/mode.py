@@ -8,10 +8,13 @@
   session, well under a millisecond; the same lines vtysh would pass on, so the running config
   that frr-reload diffs later is the same); what the socket cannot remove goes through one
   ``vtysh`` call, so a withdrawal is never lost to a socket problem;
-- then the whole config: written beside frr.conf, ``frr-reload.py --test``, ``--reload``, and
-  only then frr.conf itself is replaced (0640 root:frr). Additions wait ``debounce`` seconds so
-  a burst of changes costs one reload. frr-reload changes only the lines that differ, so a
-  session whose neighbour lines did not change is not reset;
+- then the new config: when it differs from the one FRR runs only in its ``network`` lines, the
+  added networks go to bgpd's vty socket (delta.py; one session, then frr.conf is written);
+  anything else, or a delta bgpd did not take whole, reloads the whole config: written beside
+  frr.conf, ``frr-reload.py --test``, ``--reload``, and only then frr.conf itself is replaced
+  (0640 root:frr). Additions wait ``debounce`` seconds so a burst of changes costs one apply.
+  frr-reload changes only the lines that differ, so a session whose neighbour lines did not
+  change is not reset;
 - a refused or failed reload is logged (``frrReloadFailed``, passwords redacted), the last good
   config is put back (reload of the file that was last applied) and the new one retried every
   ``retry`` seconds.
@@ -80,6 +83,12 @@ def bgp_metrics(registry: CollectorRegistry | None = REGISTRY) -> dict[str, Any]
                                      registry=registry),
             "repairs": Counter("nocloudlb_bgp_reconcile_repairs", "Differences found between what bgpd "
                                "advertised to a peer and the decision, and repaired", ["peer"], registry=registry),
+            "applies": Counter("nocloudlb_bgp_config_applies", "FRR config changes applied, by path: delta "
+                               "(network lines on bgpd's vty socket) or reload (frr-reload of the whole file)",
+                               ["path"], registry=registry),
+            "delta_failures": Counter("nocloudlb_bgp_delta_failures", "Deltas that bgpd did not take whole (a "
+                                      "refused line, the socket gone): the config was reloaded instead",
+                                      registry=registry),
             "session_down": Counter("nocloudlb_bgp_session_down", "Established BGP sessions that went down "
                                     "(a reset by either side, a hold timer, BFD)", ["peer"], registry=registry),
         }
@@ -128,6 +137,15 @@ class BgpMode:
     @debounce.setter
     def debounce(self, seconds: float) -> None:
         self.reloader.debounce = seconds
+
+    @property
+    def delta(self) -> bool:
+        """Apply a change of networks only as ``network`` lines on bgpd's vty socket; False: reload always."""
+        return self.reloader.delta
+
+    @delta.setter
+    def delta(self, on: bool) -> None:
+        self.reloader.delta = on
 
     @property
     def vty_withdraw(self) -> bool:
@@ -217,6 +235,9 @@ class BgpMode:
                 "config": {"applied": st.applied is not None, "pending": pending, "error": st.reload_error,
                            "failures": self.reload_backoff.failures, "reloads": self.reloader.reloads,
                            "lastReloadSeconds": round(self.reloader.last_reload_seconds, 3),
+                           "deltas": self.reloader.delta_applies,
+                           "lastDeltaSeconds": round(self.reloader.last_delta_seconds, 4),
+                           "lastPath": self.reloader.last_path,
                            "reload": self.reload_backoff.state(), "withdraw": self.withdraw_backoff.state()},
                 "reconcile": self.reconciler.status(),
             }

@@ -1,7 +1,9 @@
-"""The BGP mode's worker thread: withdrawals first and at once (withdraw.py), then the whole config
-through frr-reload: written beside frr.conf, ``--test``, ``--reload``, and only then frr.conf itself;
-additions wait ``debounce`` seconds so that a burst of changes costs one reload, and a refused or
-failed reload backs off and is retried."""
+"""The BGP mode's worker thread: withdrawals first and at once (withdraw.py), then the new config:
+when it differs from the one FRR runs only in its ``network`` lines, the added networks go to
+bgpd's vty socket (delta.py); otherwise, or when that fails, the whole config through frr-reload:
+written beside frr.conf, ``--test``, ``--reload``, and only then frr.conf itself. Additions wait
+``debounce`` seconds so that a burst of changes costs one apply, and a refused or failed reload
+backs off and is retried."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from typing import Any
 
 from .. import logs
 from ..backoff import Backoff
+from .delta import DeltaApplier, additions, prefix_count, switches_differ
 from .frr import FrrControl, FrrError
 from .render import Rendered, redact
 from .state import BgpState, has_any, minus, union
@@ -20,8 +23,9 @@ log = logging.getLogger("nocloudlb.bgp")
 
 
 class Reloader:
-    """The worker's loop (``run``) and the reloads; ``backoff`` spaces failed ones (from ``retry`` s),
-    ``debounce`` (s) is read at each reload, so it may be changed while the mode runs."""
+    """The worker's loop (``run``), the deltas and the reloads; ``backoff`` spaces failed reloads (from
+    ``retry`` s), ``debounce`` (s) is read at each apply, so it may be changed while the mode runs;
+    ``delta`` False reloads every change (benchmarks compare the two paths)."""
 
     def __init__(self, frr: FrrControl, state: BgpState, withdrawer: Withdrawer, backoff: Backoff,
                  metrics: dict[str, Any], debounce: float) -> None:
@@ -31,9 +35,14 @@ class Reloader:
         self.backoff = backoff
         self.metrics = metrics
         self.debounce = debounce
+        self.delta = True
+        self.deltas = DeltaApplier(frr, state, withdrawer)
         self.reloads = 0
+        self.delta_applies = 0
         self.last_reload_at = 0.0
         self.last_reload_seconds = 0.0
+        self.last_delta_seconds = 0.0
+        self.last_path = ""
 
     def run(self) -> None:
         st = self.state
@@ -56,7 +65,7 @@ class Reloader:
                 desired = st.desired
             assert desired is not None
             try:
-                self._reload(desired)
+                self._apply(desired)
             except Exception as exc:  # noqa: BLE001 - one failure never stops the worker
                 logs.event(log, "frrReloadFailed", "unexpected error", logging.ERROR,
                            error=redact(str(exc), desired.secrets))
@@ -81,10 +90,29 @@ class Reloader:
                 waits.append(b.remaining())
         return max(0.05, min(waits))
 
-    def _reload(self, desired: Rendered) -> None:
+    def _apply(self, desired: Rendered) -> None:
+        """``desired`` to FRR: by delta when only networks differ from what FRR runs, else (or when
+        the delta fails) by a full reload."""
         st = self.state
         t0 = time.monotonic()
         desired = self._with_live_switches(desired)
+        with st.cond:
+            adds = None
+            # a switch the data plane needs on and the node has off is turned on by a reload only
+            if self.delta and st.announced_sure and not switches_differ(desired.text, st.forwarding):
+                adds = additions(st.applied, desired, st.announced)
+        if adds is not None:
+            outcome = self.deltas.apply(desired)
+            if outcome == "applied":
+                self._applied(desired, time.monotonic() - t0, "delta", prefix_count(adds))
+            if outcome != "failed":
+                return
+            self.metrics["delta_failures"].inc()
+        self._reload(desired)
+
+    def _reload(self, desired: Rendered) -> None:
+        st = self.state
+        t0 = time.monotonic()
         staged = self.frr.staged()
         try:
             # --test only reads FRR's running config: outside the lock, so a withdrawal waits at
@@ -105,9 +133,11 @@ class Reloader:
                 except FrrError:
                     with st.cond:  # FRR may hold part of it: the next round withdraws what it must
                         st.announced = union(st.announced, desired.networks)
+                        st.announced_sure = False
                     raise
                 with st.cond:  # before the lock goes: a withdrawal waiting for it sees these networks
                     st.announced = desired.networks
+                    st.announced_sure = True
         except (FrrError, OSError) as exc:
             error = redact(str(exc), desired.secrets)
             wait = self.backoff.failed(error)
@@ -120,20 +150,35 @@ class Reloader:
                        "still go to bgpd at once", logging.ERROR, error=error,
                        failures=self.backoff.failures, retryIn=round(wait, 3))
             return
-        seconds = time.monotonic() - t0
+        self._applied(desired, time.monotonic() - t0, "reload", 0)
+
+    def _applied(self, desired: Rendered, seconds: float, path: str, added: int) -> None:
+        """Bookkeeping after FRR took ``desired`` by ``path`` ("delta" or "reload")."""
+        st = self.state
         self.backoff.succeeded()
         with st.cond:
             recovered = st.reload_error != ""
             st.applied = desired
             st.reload_error = ""
-            self.reloads += 1
+            if path == "delta":
+                self.delta_applies += 1
+                self.last_delta_seconds = seconds
+            else:
+                self.reloads += 1
+                self.last_reload_seconds = seconds
             self.last_reload_at = time.time()
-            self.last_reload_seconds = seconds
+            self.last_path = path
             st.changed_at = time.monotonic()
             st.cond.notify_all()
         self.metrics["reload_failures"].set(0)
-        logs.event(log, "frrReloaded", node=st.node, seconds=round(seconds, 3), recovered=recovered,
-                   prefixes=sorted({p for fams in desired.networks.values() for ps in fams.values() for p in ps}))
+        self.metrics["applies"].labels(path).inc()
+        prefixes = sorted({p for fams in desired.networks.values() for ps in fams.values() for p in ps})
+        if path == "delta":
+            logs.event(log, "frrDeltaApplied", node=st.node, seconds=round(seconds, 4), recovered=recovered,
+                       added=added, vtySeconds=round(self.deltas.last_vty_seconds, 4), path=path, prefixes=prefixes)
+        else:
+            logs.event(log, "frrReloaded", node=st.node, seconds=round(seconds, 3), recovered=recovered,
+                       path=path, prefixes=prefixes)
 
     def _with_live_switches(self, desired: Rendered) -> Rendered:
         """``desired`` rendered again if the forwarding switches changed since it was rendered (the

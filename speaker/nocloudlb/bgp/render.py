@@ -244,9 +244,10 @@ _AF_LINE = re.compile(r"^\s*address-family (ipv4|ipv6) unicast\s*$")
 _NETWORK_LINE = re.compile(r"^\s*network (\S+)\s*$")
 
 
-def strip_networks(text: str, gone: dict[tuple[str, int], dict[str, list[str]]]) -> str:
+def strip_networks(text: str, gone: dict[tuple[str, int], dict[str, list[str]]] | None) -> str:
     """``text`` (a frr.conf) without the ``network`` lines of ``gone`` (router key -> family ->
-    prefixes), each removed only under its own ``router bgp ASN [vrf V]`` and address family."""
+    prefixes), each removed only under its own ``router bgp ASN [vrf V]`` and address family;
+    ``gone`` None: without every ``network`` line of every router and family."""
     out = []
     key: tuple[str, int] | None = None
     fam = ""
@@ -261,7 +262,7 @@ def strip_networks(text: str, gone: dict[tuple[str, int], dict[str, list[str]]])
         elif line.strip() == "exit-address-family":
             fam = ""
         elif (n := _NETWORK_LINE.match(line)) is not None and key is not None and fam:
-            if n.group(1) in gone.get(key, {}).get(fam, ()):
+            if gone is None or n.group(1) in gone.get(key, {}).get(fam, ()):
                 continue
         out.append(line)
     return "".join(out)

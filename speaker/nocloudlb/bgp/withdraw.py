@@ -60,6 +60,8 @@ class Withdrawer:
                 via = "vtysh" if left is gone else "vty+vtysh"
                 failed = self._withdraw_vtysh(left)
                 if failed:
+                    with st.cond:  # some are still in bgpd, some maybe not: the next change reloads
+                        st.announced_sure = False
                     wait = self.backoff.failed(failed[0])
                     logs.event(log, "bgpWithdrawFailed", "vtysh could not remove the networks", logging.ERROR,
                                failed=failed[:20], retryIn=round(wait, 3), failures=self.backoff.failures)

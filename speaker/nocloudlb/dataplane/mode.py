@@ -205,6 +205,11 @@ class DataplaneMode:
                     "forwarding": self.forwarding.status(),
                     "health": self.health.status() if self.health else {}}
 
+    def forwarded_vips(self) -> set[str]:
+        """The VIPs the tables forward now (connection sync commits the synced state on their takeover)."""
+        with self._lock:
+            return {r.vip for r in self._rules}
+
     def refused(self) -> dict[str, str]:
         """service -> why it is not forwarded as configured (topology, tun, or nft refusing its rules)."""
         out = dict(self._refused)

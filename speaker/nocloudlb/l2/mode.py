@@ -11,7 +11,9 @@
 3. ``delivery.sync_lo_vips`` with every VIP this node may serve (its L2Advertisements select it),
    then announce: a VIP is announced only once it is on ``lo`` (if adding it fails, it is not
    announced); a VIP taken over from a live member (a planned move) is announced once its
-   handover forwarding is in place (or after ``HANDOVER_WAIT`` s);
+   handover forwarding is in place (or after ``HANDOVER_WAIT`` s); the VIPs gained go to the
+   ``before_gain`` hook first (the data plane's connection sync, dataplane/connsync.py, commits
+   the synced conntrack state there, before the first gratuitous ARP/NA);
 4. overlay what the L2 layer really does with each VIP it was given (``checking`` during the
    RFC 5227 check, ``announcing``, ``conflict``), and log ``serviceAnnounced`` /
    ``serviceWithdrawn`` on every change.
@@ -112,7 +114,8 @@ class L2Mode:
                  handover: Any = None, post: Callable[[], None] = lambda: None,
                  other_lo: Callable[[], set[str]] = set,
                  suspecters: Callable[[], frozenset[str]] = frozenset,
-                 quorum: Callable[[], bool] = lambda: True) -> None:
+                 quorum: Callable[[], bool] = lambda: True,
+                 before_gain: Callable[[list[str]], None] = lambda ips: None) -> None:
         self.announcer = announcer
         self.delivery = delivery
         self.state_dir = state_dir
@@ -125,6 +128,10 @@ class L2Mode:
         self.other_lo = other_lo  # VIPs other modes serve (BGP): held on lo here as well, never announced
         self.suspecters = suspecters  # members that suspect this node (heartbeat.py): it yields them their part
         self.quorum = quorum  # connected to a majority (nocloudlb.core.quorum): may take VIPs it does not hold
+        # called with the VIPs about to be announced that were not, before set_announced queues their first
+        # gratuitous ARP/NA (the data plane's connection sync commits the synced state there); bounded by
+        # its caller, and a failure in it never stops the takeover
+        self.before_gain = before_gain
         self._macs = MacMeta(self._member_macs)
         self.wire = WireRule(self._macs.member_of, post)  # take only with quorum; the wire as the last word
         self._yielded: set[str] = set()  # VIPs this node gave up to a member suspecting it, not yet taken back
@@ -241,6 +248,12 @@ class L2Mode:
                 # back (a cut-off node taking back, or the next node after its own link flapped) is
                 # announced on at once, not at the announcer's next periodic rescan
                 self.announcer.reannounce([])
+            gained = sorted(set(held) - set(self._announced))
+            if gained:
+                try:
+                    self.before_gain(gained)
+                except Exception as exc:  # noqa: BLE001 - the takeover goes on without what the hook does
+                    logs.event(log, "beforeGainFailed", f"{type(exc).__name__}: {exc}"[:300], logging.ERROR)
             self.announcer.set_announced(held, skip_check=skip & set(held))
             self._announced = held
         leaders = {r.ip: r.leader for r in rows if r.leader}
