@@ -102,6 +102,16 @@ members:
     labels:
       description: The member's labels, static and runtime.
       type: dict
+    version:
+      description:
+        - The member's speaker version as its gossip metadata publishes it.
+        - Empty for a member whose speaker predates publishing it (absent when this node's speaker does).
+      type: str
+    wireVersion:
+      description:
+        - The number of the wire protocol the member speaks, null when it publishes none.
+        - Members of two versions interoperate during a rolling upgrade (docs/speaker.md, "Wire compatibility").
+      type: int
 vips:
   description: Every VIP of the configuration with its leader and this node's role.
   returned: success

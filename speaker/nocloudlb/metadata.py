@@ -18,6 +18,13 @@ Keys (all short, values are ASCII):
        label keys used by the L2Advertisements' node selectors. Other labels stay local.
 ``m``  the MACs of the interfaces this node announces VIPs on (base64 of 6-byte MACs, at
        most ``MAX_MACS``): peers recognise its answers by them (layer-2 mode).
+``n``  the speaker's version (``nocloudlb.__version__``, at most ``MAX_VERSION`` printable
+       ASCII characters) and
+``p``  its wire protocol's number (``nocloudlb.WIRE_VERSION``, decimal): shown per member by
+       ``nocloudlb status`` and ``--cluster``, so a cluster mid-upgrade is visible. Both were added
+       after the first release: a member that publishes neither runs a speaker from before them;
+       an older reader ignores them (a reader only looks up the keys it knows), which is what lets
+       keys be added within ``v`` "1" (docs/speaker.md, "Wire compatibility").
 
 Stable per-service ids. Each Local-policy service has a stable id, the first 3 bytes of
 ``sha256(namespace/name)``; the bitmap is ordered by id. A config rollout that adds (or
@@ -42,13 +49,27 @@ import hashlib
 import json
 import zlib
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+from . import WIRE_VERSION, __version__
 
 VERSION = "1"
 MAX_META = 512  # kinship's limit on encoded metadata
 MAX_MACS = 4
 MAX_DIFF = 16
 MAX_LABEL_VALUE = 63
+MAX_VERSION = 32
+
+
+def version_text(text: object) -> str:
+    """A published speaker version as shown: printable ASCII only, at most ``MAX_VERSION`` characters."""
+    return "".join(ch for ch in str(text) if " " <= ch <= "~")[:MAX_VERSION]
+
+
+def wire_number(text: object) -> int | None:
+    """A published wire protocol number, None when absent or not a small decimal number."""
+    value = str(text)
+    return int(value) if value.isascii() and value.isdigit() and len(value) <= 6 else None
 
 
 def list_hash(keys: Iterable[str]) -> str:
@@ -112,6 +133,8 @@ class PeerInfo:
     health_known: bool  # False when no id list we know has the peer's hash
     error: str = ""
     macs: tuple[bytes, ...] = ()  # in the order published: the ones VIPs are announced from first
+    version: str = ""  # the speaker's version ("n"), "" when the member publishes none (an older speaker)
+    wire: int | None = None  # its wire protocol's number ("p"), None when it publishes none
 
 
 class MetaCodec:
@@ -153,6 +176,8 @@ class MetaCodec:
             "s": self.order_hash,
             "h": encode_bitmap(self.order, healthy),
             "l": json.dumps(relevant, separators=(",", ":"), ensure_ascii=True),
+            "n": version_text(__version__),
+            "p": str(WIRE_VERSION),
         }
         mac_list = list(macs)
         if mac_list:
@@ -173,7 +198,7 @@ class MetaCodec:
         meta = {"v": VERSION, "c": "0" * 8, "s": "0" * 8, "h": "x" * bitmap,
                 "l": json.dumps({k: "v" * MAX_LABEL_VALUE for k in sorted(self.label_keys)},
                                 separators=(",", ":"), ensure_ascii=True),
-                "m": "x" * (4 * ((6 * MAX_MACS + 2) // 3))}
+                "m": "x" * (4 * ((6 * MAX_MACS + 2) // 3)), "n": "x" * MAX_VERSION, "p": "9" * 6}
         return meta_size(meta)
 
     def _orders(self, meta: Mapping[str, str]) -> list[list[str]]:
@@ -191,6 +216,11 @@ class MetaCodec:
         return out
 
     def decode(self, meta: Mapping[str, str]) -> PeerInfo:
+        info = self._decode(meta)
+        version, wire = version_text(meta.get("n", "")), wire_number(meta.get("p", ""))
+        return info if not version and wire is None else replace(info, version=version, wire=wire)
+
+    def _decode(self, meta: Mapping[str, str]) -> PeerInfo:
         chash = str(meta.get("c", ""))
         if meta.get("v") != VERSION:
             return PeerInfo({}, frozenset(), chash, False,

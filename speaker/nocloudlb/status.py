@@ -2,8 +2,10 @@
 
 ``StatusReport`` reads every part and decides nothing:
 
-- ``status(req)``: the control socket's ``status`` (``nocloudlb status``, speaker_info): this node,
-  the members as gossip and their metadata show them, the modes' status with their VIP rows shown
+- ``status(req)``: the control socket's ``status`` (``nocloudlb status``, speaker_info): this node and
+  its version (``version``, ``wireVersion``: the speaker's and its wire protocol's), the members as
+  gossip and their metadata show them (each with the version it publishes; "" and null for a member
+  whose speaker predates publishing it), the modes' status with their VIP rows shown
   once at the top (statusview.select_vips: selected by ``req``), the config, labels, what this node
   published, gossip, health, heartbeats, quorum and witness, the ARP sysctls, the fail-closed
   exclusion and the steps' failures;
@@ -23,6 +25,7 @@ from typing import Any
 
 import kinship
 
+from . import WIRE_VERSION, __version__
 from .config import now_iso
 from .configstate import ConfigState
 from .failclosed import FailClosed
@@ -59,12 +62,14 @@ class StatusReport:
                     labels = self.views.my_labels()
                     published = dict(mine.labels) if mine else {}
                     members.append({"name": m.name, "addr": m.addr, "state": m.state, "labels": labels,
-                                    "publishedLabels": published, "configDigest": self.views.last_meta.get("c", "")})
+                                    "publishedLabels": published, "configDigest": self.views.last_meta.get("c", ""),
+                                    "version": __version__, "wireVersion": WIRE_VERSION})
                     continue
                 info = self.views.peers.get(m.name) or self.config.codec.decode(m.meta)
                 members.append({"name": m.name, "addr": m.addr, "state": m.state, "labels": info.labels,
                                 "publishedLabels": info.labels, "configDigest": m.meta.get("c", ""),
-                                "macs": [":".join(f"{b:02x}" for b in mac) for mac in sorted(info.macs)]})
+                                "macs": [":".join(f"{b:02x}" for b in mac) for mac in sorted(info.macs)],
+                                "version": info.version, "wireVersion": info.wire})
         modes = {m.name: m.status() for m in self.rt.modes}
         all_vips = self._vip_rows(modes, announcers=bool((req or {}).get("announcers")))
         for st in modes.values():  # the rows are shown once, at the top (selected), not again per mode
@@ -76,6 +81,8 @@ class StatusReport:
         ml = self.rt.membership
         return {
             "node": me,
+            "version": __version__,
+            "wireVersion": WIRE_VERSION,
             "ready": self.rt.ready,
             "profile": cfg.profile if cfg else "",
             "members": members,

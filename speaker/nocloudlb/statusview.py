@@ -241,6 +241,7 @@ def header(st: dict[str, Any], paint: Paint) -> str:
         f"members {alive}/{len(members)} alive",
         f"gossip {ml.get('state', '?')}{' (encrypted)' if ml.get('encrypted') else ''}",
         f"profile {st.get('profile') or '-'}",
+        f"version {member_version(st)}",
     ]
     lines = ["  ".join(parts)]
     if ml.get("error"):
@@ -509,6 +510,27 @@ def member_host(addr: str) -> str:
     return host.strip("[]") or addr
 
 
+def member_version(m: dict[str, Any]) -> str:
+    """A member's speaker version and wire protocol as its gossip metadata says ("0.2.0 wire 1"); "-" for a
+    member that publishes none (a speaker from before versions were published), or a status answer from
+    such a speaker, which has no version fields at all."""
+    version, wire = m.get("version") or "", m.get("wireVersion")
+    if not version and wire is None:
+        return "-"
+    return f"{version or '?'} wire {wire if wire is not None else '?'}"
+
+
+def versions_line(members: list[dict[str, Any]]) -> str:
+    """"" when every member runs one version, else the versions side by side (a rolling upgrade)."""
+    seen: dict[str, list[str]] = {}
+    for m in members:
+        seen.setdefault(member_version(m), []).append(m["name"])
+    if len(seen) < 2:
+        return ""
+    parts = [f"{'unpublished (older)' if v == '-' else v}: {','.join(names)}" for v, names in sorted(seen.items())]
+    return "mixed versions: " + "; ".join(parts)
+
+
 def _bgp_announced(vips: list[dict[str, Any]]) -> list[str]:
     """The VIPs a status's rows say this node announces through BGP."""
     return sorted({v["ip"] for v in vips
@@ -535,7 +557,8 @@ def cluster_view(st: dict[str, Any], metrics_port: int,
     my_digest = next((m.get("configDigest") for m in st.get("members", []) if m["name"] == st.get("node")), "")
     for m in sorted(st.get("members", []), key=lambda m: m["name"]):
         entry: dict[str, Any] = {"name": m["name"], "addr": m.get("addr"), "state": m.get("state"),
-                                 "labels": m.get("labels", {}),
+                                 "labels": m.get("labels", {}), "version": m.get("version") or "",
+                                 "wireVersion": m.get("wireVersion"),
                                  "sameConfig": m.get("configDigest") == my_digest, "reachable": False,
                                  "configLoaded": None, "conflicts": None, "announces": [], "bgpAnnounces": [],
                                  "bgpSessions": None, "error": ""}
@@ -624,27 +647,31 @@ def render_cluster(view: dict[str, Any], paint: Paint) -> str:
                      ",".join(v["announcedBy"]) or "nobody", v["verdict"]])
         colors.append([None, None, None, None, None, "32" if v["verdict"] == "ok" else "31"])
     bgp = any(m.get("bgpSessions") is not None for m in view["members"])
-    mrows = [["MEMBER", "ADDRESS", "STATE", "ASKED", "CONFIG", "SAME CONFIG", "CONFLICTS", "ANNOUNCES", "LABELS"]]
+    mrows = [["MEMBER", "ADDRESS", "STATE", "VERSION", "ASKED", "CONFIG", "SAME CONFIG", "CONFLICTS", "ANNOUNCES",
+              "LABELS"]]
     if bgp:
-        mrows[0][8:8] = ["BGP SESSIONS UP"]
+        mrows[0][9:9] = ["BGP SESSIONS UP"]
     mcolors: list[list[str | None]] = []
     for m in view["members"]:
         asked = "yes" if m["reachable"] else ("no: " + m["error"] if m["error"] else "no")
         cfg = "-" if m["configLoaded"] is None else ("ok" if m["configLoaded"] else "refused")
-        mrows.append([m["name"], m["addr"] or "-", m["state"] or "?", asked, cfg, "yes" if m["sameConfig"] else "NO",
+        mrows.append([m["name"], m["addr"] or "-", m["state"] or "?", member_version(m), asked, cfg,
+                      "yes" if m["sameConfig"] else "NO",
                       "-" if m["conflicts"] is None else str(m["conflicts"]),
                       str(len(set(m["announces"]) | set(m.get("bgpAnnounces") or []))),
                       ",".join(f"{k}={v}" for k, v in sorted(m["labels"].items())) or "-"])
-        mcolors.append([None, None, "32" if m["state"] == "alive" else "31", None if m["reachable"] else "31",
+        mcolors.append([None, None, "32" if m["state"] == "alive" else "31", None, None if m["reachable"] else "31",
                         "31" if cfg == "refused" else None, None if m["sameConfig"] else "31",
                         "31" if m["conflicts"] else None, None, None])
         if bgp:
             sessions = m.get("bgpSessions")
-            mrows[-1][8:8] = [f"{sessions[0]}/{sessions[1]}" if sessions else "-"]
-            mcolors[-1][8:8] = ["31" if sessions and not sessions[0] else None]
+            mrows[-1][9:9] = [f"{sessions[0]}/{sessions[1]}" if sessions else "-"]
+            mcolors[-1][9:9] = ["31" if sessions and not sessions[0] else None]
     head = f"cluster as seen from {view['node']} at {view['time']} (elected: this node's election; " \
            "announced by: each member's own metrics)"
-    return "\n".join([head, "", table(rows, paint, colors), "", table(mrows, paint, mcolors)])
+    mixed = versions_line(view["members"])
+    return "\n".join([head, *([paint(mixed, "33")] if mixed else []), "", table(rows, paint, colors), "",
+                      table(mrows, paint, mcolors)])
 
 
 def dump(data: Any, fmt: str) -> str:

@@ -95,6 +95,9 @@ class SpeakerCluster:
         self.procs: dict[str, subprocess.Popen] = {}
         self.env: dict[str, dict[str, str]] = {}  # extra environment per node (e.g. NOTIFY_SOCKET)
         self.wrap: dict[str, list[str]] = {}  # a command the node's speaker runs under (argv prefix, must exec it)
+        # a source tree to run the node's speaker from: its import root goes first on PYTHONPATH, ahead of
+        # the editable install (previous_release.materialise makes one of another commit)
+        self.source: dict[str, Path] = {}
         self.logs: dict[str, Path] = {}
         self.keys = keys or [generate_key()]
         self.key_files: dict[str, Path] = {}
@@ -143,7 +146,12 @@ class SpeakerCluster:
         fh = open(log, "a")  # noqa: SIM115 - handed to the child
         argv = [*self.wrap.get(name, []), sys.executable, "-m", "nocloudlb.cli", "speaker", "-c",
                 str(self.config_path(name))]
-        proc = self.seg.popen(self.host(name).ns, argv, stdout=fh, stderr=fh, env=self.env.get(name))
+        env = self.env.get(name)
+        root = self.source.get(name)
+        if root is not None:
+            rest = (env or {}).get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+            env = dict(env or {}, PYTHONPATH=os.pathsep.join(p for p in (str(root), rest) if p))
+        proc = self.seg.popen(self.host(name).ns, argv, stdout=fh, stderr=fh, env=env)
         fh.close()
         self.procs[name] = proc
         return proc

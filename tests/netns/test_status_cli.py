@@ -99,7 +99,7 @@ def test_cluster_asks_every_member_and_flags_vips_without_owner(running):
     for v in view["vips"]:
         assert v["elected"] == vips[v["ip"]] and v["announcedBy"] == [vips[v["ip"]]] and v["verdict"] == "ok", v
     table = cli(c, "n2", "--cluster").stdout
-    assert re.search(r"^MEMBER\s+ADDRESS\s+STATE\s+ASKED", table, re.M), table
+    assert re.search(r"^MEMBER\s+ADDRESS\s+STATE\s+VERSION\s+ASKED", table, re.M), table
     # drain every node: no node may announce, and --cluster says so and exits 1
     from nocloudlb.core.control_client import request
 

@@ -1,0 +1,267 @@
+"""Wire compatibility between the previous release and this code (docs/speaker.md, "Wire compatibility").
+
+The previous release is the commit release/previous.json names, materialised from the repository's
+history by previous_release.py and run from its own tree (``PYTHONPATH`` first, ahead of the editable
+install).
+
+- Reading each other: each side encodes its gossip metadata and a heartbeat datagram carrying it; the
+  other side decodes both. The old side must read everything the new one sends as it reads its own
+  (labels, health, MACs, flags), ignoring the version keys it does not know; the new side reads an old
+  member as one that publishes no version.
+- A rolling upgrade and a rollback on the wire: three real speakers (lan profile), one VIP led by each,
+  HTTP servers behind them. All start from the previous release; then one node at a time is stopped
+  with SIGTERM (a planned stop: it hands its VIPs over), started from this code, and waited for (full
+  membership everywhere, every VIP past its checks, every VIP answered by its elected node alone);
+  then the same back, node by node, to the previous release. Throughout, a client asks ARP for every
+  VIP every 0.1 s and records every MAC that answers (arp_sampler.py), and GETs every VIP back to back.
+  No sample may have two owners. Every sample has exactly one, except while the VIP's own leader
+  restarts: the milliseconds between its withdrawal and the successor's announcement at the SIGTERM
+  (test_speaker_stop.py), which a sample catches now and then, and its take-back once it is back:
+  the interim owner withdraws first and the node announces after its RFC 5227 check (docs/speaker.md,
+  "After a partition heals"), a no-answer window of 0.3-0.5 s measured here, the same with the
+  previous release on every node. Each move resets at most the GETs in flight to the node giving the VIP up. While
+  the cluster is mixed, the new members' status answers, and ``nocloudlb status --cluster`` asked of
+  a new member, show both versions (an old member as "-": it publishes none).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import arp_sampler
+import pytest
+from nocloudlb import WIRE_VERSION, __version__
+from nocloudlb.membership import generate_key
+from previous_release import check_tree, env_for, materialise, previous
+from speaker_harness import HttpPoller, SpeakerCluster, pool_docs, service_doc, spread_vips, start_slow_http
+
+pytestmark = pytest.mark.timeout(600)
+NODES = ["n1", "n2", "n3"]
+INTERVAL, WINDOW = 0.1, 0.08
+SAMPLER = Path(__file__).resolve().parent / "arp_sampler.py"
+#: The longest no-answer window allowed, and only on the restarted node's own VIP while it takes it back:
+#: the interim owner withdraws, then the node runs its RFC 5227 check (about 0.3 s) before it announces.
+#: Measured 0.3-0.5 s, the same with the previous release alone on every node.
+TAKEBACK_MAX = 1.0
+
+#: Run by each side's Python: encodes its metadata and a heartbeat carrying it, and decodes what the other
+#: side sent (stdin: {} or the other side's "sent"). Only APIs both versions have.
+CODEC = r"""
+import json, sys
+import nocloudlb
+from nocloudlb import heartbeat_wire as hw
+from nocloudlb.core.election import DRAIN_LABEL
+from nocloudlb.metadata import MetaCodec
+other = json.loads(sys.stdin.read())
+keys = hw.derive_keys([sys.argv[1]])
+codec = MetaCodec(["test/svc0", "test/svc1", "test/svc2"], [DRAIN_LABEL, "rack"], "abcd1234")
+meta = codec.encode({"rack": "r1", DRAIN_LABEL: "true", "zone": "z"}, ["test/svc1", "test/svc2"],
+                    [bytes.fromhex("020000000001"), bytes.fromhex("020000000002")])
+pkt = hw.Packet("n1", "n2", 7, 9, 2, 3, suspect_you=True, meta=meta, missing=("n3",))
+out = {"file": nocloudlb.__file__, "version": getattr(nocloudlb, "__version__", None),
+       "wire": getattr(nocloudlb, "WIRE_VERSION", None),
+       "sent": {"meta": meta, "datagram": hw.encode(pkt, keys[0], no_quorum=True, deaf=True).hex()}}
+if other:
+    info = codec.decode(other["meta"])
+    got = hw.decode(bytes.fromhex(other["datagram"]), keys)
+    out["read"] = {"labels": info.labels, "healthy": sorted(info.healthy), "config": info.config_hash,
+                   "known": info.health_known, "error": info.error, "macs": [m.hex() for m in info.macs],
+                   "version": getattr(info, "version", None), "wireVersion": getattr(info, "wire", None)}
+    out["packet"] = {"fields": [got.sender, got.recipient, got.boot, got.seq, got.suspicions, got.meta_seq],
+                     "flags": [got.suspect_you, got.no_quorum, got.deaf, got.partial],
+                     "missing": list(got.missing), "meta": got.meta}
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture
+def netns_prefix() -> str:
+    return "nmv"
+
+
+@pytest.fixture(scope="module")
+def old_root(tmp_path_factory) -> Path:
+    """The previous release's import root, checked to import from its own tree."""
+    root = materialise(tmp_path_factory.mktemp("previous"))
+    where = check_tree(root)
+    print(f"previous release {previous()['commit'][:12]} ({previous()['date']}) from {where['nocloudlb']}")
+    return root
+
+
+def codec_run(root: Path | None, key: str, other: dict | None = None) -> dict:
+    env = None if root is None else env_for(root, dict(os.environ))
+    out = subprocess.run([sys.executable, "-c", CODEC, key], input=json.dumps(other or {}), capture_output=True,
+                         text=True, check=False, timeout=60, env=env, cwd=str(root or Path(__file__).parent))
+    assert out.returncode == 0, out.stderr
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def test_each_version_reads_what_the_other_sends(old_root):
+    key = generate_key()
+    old0, new0 = codec_run(old_root, key), codec_run(None, key)
+    assert Path(old0["file"]).resolve().is_relative_to(old_root.parent.resolve()), old0["file"]
+    assert old0["wire"] is None and new0["wire"] == WIRE_VERSION, (old0, new0)
+    assert set(new0["sent"]["meta"]) - set(old0["sent"]["meta"]) == {"n", "p"}, new0["sent"]["meta"]
+    assert {k: v for k, v in new0["sent"]["meta"].items() if k not in ("n", "p")} == old0["sent"]["meta"]
+    old_reads_new = codec_run(old_root, key, new0["sent"])
+    old_reads_old = codec_run(old_root, key, old0["sent"])
+    new_reads_old = codec_run(None, key, old0["sent"])
+    new_reads_new = codec_run(None, key, new0["sent"])
+    # the old speaker reads a new member exactly as it reads an old one: the added keys are ignored
+    assert old_reads_new["read"] == old_reads_old["read"], (old_reads_new["read"], old_reads_old["read"])
+    assert old_reads_new["read"]["known"] and not old_reads_new["read"]["error"], old_reads_new["read"]
+    assert old_reads_new["read"]["healthy"] == ["test/svc1", "test/svc2"]
+    assert old_reads_new["packet"]["meta"] == new0["sent"]["meta"], old_reads_new["packet"]
+    assert old_reads_new["packet"]["flags"] == old_reads_old["packet"]["flags"] == [True, True, True, False]
+    assert old_reads_new["packet"]["fields"] == old_reads_old["packet"]["fields"]
+    # the new speaker reads an old member as one without a version, everything else the same
+    common = {k: v for k, v in new_reads_new["read"].items() if k not in ("version", "wireVersion")}
+    assert {k: v for k, v in new_reads_old["read"].items() if k not in ("version", "wireVersion")} == common
+    assert (new_reads_old["read"]["version"], new_reads_old["read"]["wireVersion"]) == ("", None)
+    assert (new_reads_new["read"]["version"], new_reads_new["read"]["wireVersion"]) == (__version__, WIRE_VERSION)
+    print(f"old reads new: {old_reads_new['read']}; new reads old: {new_reads_old['read']}")
+
+
+def settle(c: SpeakerCluster, vips: dict[str, str], what: str) -> None:
+    c.wait(lambda: all(c.members_alive(n) == set(NODES) for n in NODES), 40, f"{what}: full membership")
+    c.wait(c.settled, 30, f"{what}: every VIP past its checks")
+    for ip, leader in vips.items():
+        c.wait(lambda ip=ip, leader=leader: [a["mac"] for a in c.probe(ip)] == [c.mac(leader)], 20,
+               f"{what}: {ip} answered by {leader} alone")
+
+
+def roll(c: SpeakerCluster, vips: dict[str, str], node: str, root: Path | None, label: str) -> dict:
+    """Stop ``node`` with SIGTERM, start it from ``root`` (None: this code), wait until settled."""
+    t_stop = c.send_signal(node, signal.SIGTERM)
+    assert c.procs[node].wait(timeout=15) == 0, f"{label}: {node} did not stop cleanly"
+    if root is None:
+        c.source.pop(node, None)
+    else:
+        c.source[node] = root
+    t_start = time.time()
+    c.start(node)
+    settle(c, vips, label)
+    return {"label": label, "node": node, "stop": t_stop, "start": t_start, "settled": time.time()}
+
+
+def versions(c: SpeakerCluster) -> dict[str, dict]:
+    """Each node's own status answer: its version fields (absent from an old speaker's) and, for a new
+    one, the version it sees published by every member."""
+    out = {}
+    for n in NODES:
+        st = c.status(n)
+        out[n] = {"own": (st.get("version"), st.get("wireVersion")),
+                  "members": {m["name"]: (m.get("version"), m.get("wireVersion")) for m in st["members"]}}
+    return out
+
+
+def check_mixed(c: SpeakerCluster, new: set[str], label: str) -> str:
+    """Every new node's status shows every member's version; ``status --cluster`` says the cluster is mixed."""
+    seen = versions(c)
+    for n in NODES:
+        if n in new:
+            assert seen[n]["own"] == (__version__, WIRE_VERSION), (label, n, seen[n])
+            want = {m: (__version__, WIRE_VERSION) if m in new else ("", None) for m in NODES}
+            c.wait(lambda n=n, want=want: versions(c)[n]["members"] == want, 10,
+                   f"{label}: {n} sees every member's version")
+        else:
+            assert seen[n]["own"] == (None, None), (label, n, seen[n])  # an old speaker: no version fields
+    if not new or new == set(NODES):
+        return ""
+    asker = sorted(new)[0]
+    res = c.seg.run(c.host(asker).ns, [sys.executable, "-m", "nocloudlb.cli", "status", "--socket", c.sock(asker),
+                                       "--cluster", "-o", "json"], check=False, timeout=30)
+    view = json.loads(res.stdout)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert {m["name"]: m["version"] for m in view["members"]} == {m: __version__ if m in new else "" for m in NODES}
+    assert all(v["verdict"] == "ok" for v in view["vips"]), view["vips"]
+    table = c.seg.run(c.host(asker).ns, [sys.executable, "-m", "nocloudlb.cli", "status", "--socket",
+                                         c.sock(asker), "--cluster"], check=False, timeout=30).stdout
+    line = next((x for x in table.splitlines() if x.startswith("mixed versions:")), "")
+    assert line, table
+    return line
+
+
+def test_rolling_upgrade_and_rollback_keep_one_owner_per_vip(make_segment, tmp_path, old_root):
+    vips = spread_vips(NODES)
+    docs = pool_docs() + [service_doc(f"svc{i}", [ip]) for i, ip in enumerate(sorted(vips))]
+    c = SpeakerCluster(make_segment(hosts=3), tmp_path / "cluster", profile="lan", resources=docs)
+    for n in NODES:
+        c.write_config(n, c.config(n, metrics={"bind": "0.0.0.0:7472"}))
+        c.source[n] = old_root
+    c.start_all(timeout=40)
+    settle(c, vips, "start (all previous release)")
+    check_mixed(c, set(), "all old")
+    start_slow_http(c)
+    samples = tmp_path / "samples.jsonl"
+    fh = open(samples, "w")  # noqa: SIM115 - handed to the child
+    sampler = c.seg.popen(c.seg.client.ns, [sys.executable, "-u", str(SAMPLER), "eth0", str(INTERVAL),
+                                            str(WINDOW), *sorted(vips)], stdout=fh)
+    fh.close()
+    polls = {ip: HttpPoller(c.seg, f"http://{ip}:8090/", 900) for ip in vips}
+    for ip, leader in vips.items():
+        c.wait(lambda ip=ip, leader=leader: polls[ip].served_by(leader, 0), 20, f"{ip} served by {leader}")
+    t0 = time.time()
+    steps, mixed_lines = [], []
+    new: set[str] = set()
+    for node in NODES:  # upgrade, one node at a time
+        steps.append(roll(c, vips, node, None, f"upgrade {node}"))
+        new.add(node)
+        mixed_lines.append(check_mixed(c, new, f"upgrade {node}"))
+    for node in NODES:  # rollback, one node at a time
+        steps.append(roll(c, vips, node, old_root, f"rollback {node}"))
+        new.discard(node)
+        mixed_lines.append(check_mixed(c, new, f"rollback {node}"))
+    for ip, leader in vips.items():
+        c.wait(lambda ip=ip, leader=leader: polls[ip].served_by(leader, steps[-1]["settled"]), 15,
+               f"{ip} served by {leader} at the end")
+    t_end = time.time()
+    sampler.send_signal(signal.SIGTERM)
+    sampler.wait(timeout=5)
+    for p in polls.values():
+        p.stop()
+
+    per_vip = arp_sampler.load(samples, t0, t_end)
+    counts = {ip: {k: sum(1 for _t, m in smp if min(len(m), 2) == k) for k in (0, 1, 2)} for ip, smp in per_vip.items()}
+    failed = {ip: [f for f in p.failed if t0 <= f["t"] <= t_end] for ip, p in polls.items()}  # not the start-up's
+    gaps = {ip: arp_sampler.longest(smp, (len(m) == 0 for _t, m in smp), t_end) for ip, smp in per_vip.items()}
+    phase = {"handover": 0, "take-back": 0}  # no-owner samples: the leader's SIGTERM handover, its take-back
+    stray = []
+    for ip, smp in per_vip.items():
+        for t, m in smp:
+            step = next((x for x in steps if x["node"] == vips[ip] and x["stop"] <= t <= x["settled"]), None)
+            if m:
+                continue
+            if step is None:
+                stray.append((ip, round(t - t0, 2)))
+            else:
+                phase["handover" if t < step["start"] else "take-back"] += 1
+    print(f"{sum(len(smp) for smp in per_vip.values())} ARP samples over {t_end - t0:.1f} s "
+          f"({len(steps)} restarts, SIGTERM each)")
+    for ip in sorted(vips):
+        print(f"  {ip} (led by {vips[ip]}): samples with 0/1/2+ owners {counts[ip][0]}/{counts[ip][1]}/"
+              f"{counts[ip][2]}, longest no-answer window {gaps[ip] * 1000:.0f} ms; HTTP {len(polls[ip].samples)} "
+              f"GETs, {len(failed[ip])} failed ({sorted({f['body'][:40] for f in failed[ip]})}), "
+              f"{polls[ip].moves} moves")
+    print(f"  samples without an owner: {phase['handover']} during a leader's SIGTERM handover, "
+          f"{phase['take-back']} while it took its VIP back, {len(stray)} elsewhere")
+    for s in steps:
+        print(f"  {s['label']}: started {s['start'] - s['stop']:.2f} s and settled {s['settled'] - s['stop']:.2f} s "
+              "after its SIGTERM")
+    for line in mixed_lines:
+        if line:
+            print(f"  {line}")
+    assert all(counts[ip][2] == 0 for ip in vips), counts  # never two owners
+    # no answer only while the VIP's own leader restarts: its handover (ms) and its take-back (RFC 5227 check)
+    assert not stray, f"no owner outside the leader's restart (VIP, s from the start): {stray}"
+    assert max(gaps.values()) <= TAKEBACK_MAX, gaps
+    # a move resets the connection in flight to the node that gives the VIP up (two moves per restart)
+    assert all(len(failed[ip]) <= 2 * polls[ip].moves for ip in vips), failed
+    expected = (t_end - t0) / INTERVAL * 0.5
+    assert all(len(smp) >= expected for smp in per_vip.values()), "the sampler fell behind or died"
