@@ -79,8 +79,9 @@ def local_interfaces() -> dict[str, tuple[int, list[str]]]:
 def backend_checks(parsed: Any) -> dict[str, CheckSpec | None]:
     """``ns/name address:port`` -> the check of that server (None: no check, healthy)."""
     out: dict[str, CheckSpec | None] = {}
+    services = {s.key: s for s in parsed.services}  # one pass, not a scan per Backends
     for b in getattr(parsed, "backends", {}).values():
-        svc = parsed.service(b.key)
+        svc = services.get(b.key)
         if svc is None:
             continue
         for port, _proto in svc.ports:
@@ -103,8 +104,9 @@ def eligible_vips(me: str, nodes: list[Any], parsed: Any) -> set[str]:
     """VIPs this node may serve: an L2 or BGP advertisement of the VIP's pool selects it and the service."""
     labels: dict = next((n.labels or {} for n in nodes if n.name == me), {})
     out: set[str] = set()
+    services = {s.key: s for s in parsed.services}
     for b in getattr(parsed, "backends", {}).values():
-        svc = parsed.service(b.key)
+        svc = services.get(b.key)
         if svc is None:
             continue
         for ip in svc.ingress_ips:

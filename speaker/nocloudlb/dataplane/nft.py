@@ -44,6 +44,7 @@ import hashlib
 import ipaddress
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from nocloudlb.core.backends import HASH_SEED, Rule, slot_ranges
 
@@ -80,6 +81,16 @@ class Unit:
     entries: tuple[str, ...] = ()  # maglev: slot -> its backend chain
 
 
+class Seen(NamedTuple):
+    """A rule as it was last rendered: the object itself, its service chain, the content its unit was
+    rendered from (compared when a new rule object comes) and the unit."""
+    rule: Rule
+    sid: str
+    key: tuple
+    unit: Unit | None
+    mark: int | None  # its snatAddress's ct mark then (marks are renumbered when the set of addresses changes)
+
+
 @dataclass
 class Rendered:
     script: str
@@ -91,7 +102,7 @@ class Rendered:
     cache: dict[str, tuple[tuple, Unit | None]] = field(default_factory=dict)
     # id(rule) -> (the rule, its service chain, content and unit): the same Rule object again (a
     # ``PlanMemo`` hands them out) is found without comparing its content
-    seen: dict[int, tuple[Rule, str, tuple, Unit | None]] = field(default_factory=dict)
+    seen: dict[int, Seen] = field(default_factory=dict)
     # counter name -> (service, vip, protocol, port, backend ident)
     labels: dict[str, tuple[str, str, str, int, str]] = field(default_factory=dict)
     nets: list = field(default_factory=list)  # (interface, network) as DR rules were rendered with
@@ -218,8 +229,8 @@ def render(rules: list[Rule], ifaces: dict[str, tuple[int, list[str]]], old: Ren
         # would otherwise be re-rendered on every health flip of one backend)
         mark = out.snat_marks.get(r.snat_address or "")
         hit = old.seen.get(id(r)) if old is not None else None
-        if hit is not None and hit[0] is r and hit[2][8] == mark and (same_nets or r.method != "dr"):
-            _r, sid, key, u = hit
+        if hit is not None and hit.rule is r and hit.mark == mark and (same_nets or r.method != "dr"):
+            sid, key, u = hit.sid, hit.key, hit.unit
             reused = True
         else:
             sid = rule_id(r)
@@ -230,7 +241,7 @@ def render(rules: list[Rule], ifaces: dict[str, tuple[int, list[str]]], old: Ren
             u = prev[1] if prev is not None and reused else _unit(r, nets, out.snat_marks, out.labels)
         if reused and u is not None and old is not None:
             out.labels.update({b: old.labels[b] for b in u.chains if b in old.labels})
-        out.seen[id(r)] = (r, sid, key, u)
+        out.seen[id(r)] = Seen(r, sid, key, u, mark)
         out.cache[sid] = (key, u)
         if u is not None:
             out.units[u.sid] = u
