@@ -261,8 +261,13 @@ def check_deployed(env: Env) -> None:
         print(f"  {n}: nocloudlb installed for its own Python {py}, speaker active")
 
 
+def node_macs(env: Env) -> dict[str, str]:
+    """Each node's eth0 MAC -> its name."""
+    return {env.lab.exec(n, ["cat", "/sys/class/net/eth0/address"]).stdout.strip(): n for n in NODES}
+
+
 def check_answered(env: Env) -> None:
-    macs = {env.lab.exec(n, ["cat", "/sys/class/net/eth0/address"]).stdout.strip(): n for n in NODES}
+    macs = node_macs(env)
     deadline = time.monotonic() + 30
     while True:
         out = env.lab.exec("c1", ["arping", "-c", "3", "-w", "3", "-I", "eth0", VIP], check=False).stdout
@@ -393,7 +398,7 @@ def node_commands() -> list[tuple[str, str]]:
 def run_node_commands(env: Env) -> None:
     """The other pages' node commands, as the controller user over ssh with sudo, on a node that does not own
     the VIP."""
-    macs = {env.lab.exec(n, ["cat", "/sys/class/net/eth0/address"]).stdout.strip(): n for n in NODES}
+    macs = node_macs(env)
     neigh = env.lab.exec("c1", ["ip", "neigh", "show", VIP], check=False).stdout.split()
     owner = macs.get(neigh[neigh.index("lladdr") + 1]) if "lladdr" in neigh else None
     node = next(n for n in NODES if n != owner)

@@ -186,24 +186,8 @@ class VtySession:
             self.sock.close()
 
     def ask(self, command: str) -> tuple[int, str]:
-        assert self.sock is not None
-        buf = b""
-        try:
-            self.sock.sendall(command.encode() + b"\0")
-            while not (len(buf) >= 4 and buf[-4:-1] == b"\0\0\0"):
-                left = self.deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError
-                self.sock.settimeout(left)
-                chunk = self.sock.recv(65536)
-                if not chunk:
-                    raise FrrError(f"{self.daemon}: closed the connection")
-                buf += chunk
-        except TimeoutError as exc:
-            raise FrrError(f"{self.daemon}: no answer within {self.timeout:g} s") from exc
-        except OSError as exc:
-            raise FrrError(f"{self.daemon}: {exc}") from exc
-        return buf[-1], buf[:-4].decode(errors="replace")
+        """One command: (the daemon's status byte, its answer text)."""
+        return self.ask_many([command])[0]
 
     def ask_many(self, commands: list[str], batch: int = 200) -> list[tuple[int, str]]:
         """``commands`` in order, ``batch`` at a time written at once and then their answers read:
