@@ -83,6 +83,13 @@ molecule: $(addprefix molecule-,$(SCENARIOS))
 molecule-%: deps venv
 	molecule test -s $*
 
+# The default scenario runs as the README tells a new user: `make lab` (molecule converge and
+# verify, then the summary of VIPs answered and moved), its idempotence, then `make lab-down`.
+molecule-default: deps venv
+	molecule destroy -s default >/dev/null 2>&1 || true
+	molecule syntax -s default
+	$(MAKE) lab && molecule idempotence -s default; rc=$$?; $(MAKE) lab-down; exit $$rc
+
 # The collection as users install it: Galaxy tarball, ansible-galaxy install (tarball
 # and requirements.yml) into an infra repo of its own with ansible-core only, lab
 # `fh` deployed from there (tests/install/run.sh).

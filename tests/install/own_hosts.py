@@ -48,6 +48,7 @@ from typing import NamedTuple
 TOP = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(TOP / "roles" / "lab" / "files"))
 import labctl  # noqa: E402  (the lab's own module, from this tree)
+from doc_commands import Command, blocks, commands  # noqa: E402
 
 NAME = os.environ.get("OWN_HOSTS_LAB", "oh")
 USER = os.environ.get("OWN_HOSTS_USER", "nlbadmin")
@@ -60,7 +61,7 @@ NODES = {"node1": ("trixie", "198.51.100.11"), "node2": ("trixie", "198.51.100.1
          "node3": (None, "198.51.100.13")}
 # the other pages whose commands run on a node (a node that does not own VIP, so that probe asks the wire)
 NODE_PAGES = ("README.md", "docs/troubleshooting.md", "docs/monitoring.md")
-NODE_COMMAND = re.compile(r"^(?:# )?((?:nocloudlb|tcpdump|systemctl|journalctl) .*)$")
+NODE_COMMAND = re.compile(r"^(?:nocloudlb|tcpdump|systemctl|journalctl) ")
 ENDLESS = ("--watch", "tcpdump ")  # run for 3 s, then stopped (exit 124 is theirs)
 TOPOLOGY = {
     "name": NAME,
@@ -91,11 +92,8 @@ def run(cmd: list[str], **kw: object) -> subprocess.CompletedProcess:
 
 def page_blocks(page: Path) -> list[tuple[str, str]]:
     """The page's console blocks in order, each (where, text): where is "client" or "controller"."""
-    out = []
-    for m in re.finditer(r"^```console\n(.*?)^```", page.read_text(), flags=re.M | re.S):
-        text = m.group(1)
-        out.append(("client" if text.startswith("# on a client") else "controller", text))
-    return out
+    return [("client" if text.startswith("# on a client") else "controller", text)
+            for _line, text in blocks(str(page.relative_to(TOP)))]
 
 
 class Env:
@@ -383,16 +381,9 @@ class Hook(NamedTuple):
     before: Callable[[Env], None] | None = None
 
 
-def node_commands() -> list[tuple[str, str]]:
-    """(page, command) for each command of NODE_PAGES' console blocks that runs on a node."""
-    out = []
-    for page in NODE_PAGES:
-        for _where, text in page_blocks(TOP / page):
-            for line in text.splitlines():
-                m = NODE_COMMAND.match(line.strip())
-                if m:
-                    out.append((page, m.group(1)))
-    return out
+def node_commands() -> list[Command]:
+    """Each command of NODE_PAGES' console blocks that runs on a node."""
+    return [c for page in NODE_PAGES for c in commands(page) if c.reason is None and NODE_COMMAND.match(c.text)]
 
 
 def run_node_commands(env: Env) -> None:
@@ -406,7 +397,8 @@ def run_node_commands(env: Env) -> None:
     cmds = node_commands()
     if len(cmds) < 10:
         fail(f"only {len(cmds)} node commands found in {NODE_PAGES}")
-    for page, cmd in cmds:
+    for c in cmds:
+        page, cmd = c.page, c.text
         endless = any(e in cmd for e in ENDLESS)
         remote = "sudo bash -o pipefail -c " + shlex.quote(("timeout 3 " if endless else "") + cmd)
         t = time.monotonic()

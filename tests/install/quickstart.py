@@ -28,15 +28,23 @@ import threading
 import time
 from pathlib import Path
 
+from doc_commands import TOP, Command, commands
+
 DRAIN_LABEL = "node.kubernetes.io/exclude-from-external-load-balancers"
 
 
-def blocks(doc: str) -> list[str]:
-    """The console blocks' lines, a line ending in a backslash joined with the next."""
-    out: list[str] = []
-    for b in re.findall(r"```console\n(.*?)```", doc, re.S):
-        b = re.sub(r"\\\n\s*", " ", b)
-        out += [line.strip() for line in b.splitlines()]
+def selected(cmds: list[Command]) -> list[Command]:
+    """The commands of docs/quickstart.md (or the README's drains) this script runs: ``L=`` (the labctl
+    it is given stands for ``$L``), each ``$L exec`` line that runs a command (the ``--watch`` one in
+    the watch below), the ``$L fault ... freeze`` line, and the drains by FQCN."""
+    out = []
+    for c in cmds:
+        if c.reason is not None:
+            continue
+        if (c.cmd.startswith("L=") or re.match(r"\$L exec -n l2 \w+ -- \S", c.cmd)
+                or re.match(r"\$L fault -n l2 freeze \w+$", c.cmd)
+                or re.search(r"ansible-playbook .*nocloud\.loadbalancer\.drain ", c.cmd)):
+            out.append(c)
     return out
 
 
@@ -97,10 +105,10 @@ def main() -> int:
     ap.add_argument("--infra", help="the infra repository the collection is installed in")
     a = ap.parse_args()
     L = [sys.executable, a.labctl]
-    lines = blocks(Path(a.doc).read_text())
+    lines = [c.cmd for c in selected(commands(str(Path(a.doc).resolve().relative_to(TOP))))]
     ran = 0
     for line in lines:
-        m = re.match(r"\$L exec -n l2 (\w+) -- (.+?)(\s+#.*)?$", line)
+        m = re.match(r"\$L exec -n l2 (\w+) -- (.+)$", line)
         if not m or "--watch" in line:
             continue
         host, cmd = m.group(1), shlex.split(m.group(2))
@@ -123,8 +131,7 @@ def main() -> int:
     # the documented drains, by FQCN: the README's from the infra repository, the quickstart's from the checkout
     cycles = []
     if a.readme and a.infra:
-        found = [ln.split("#")[0].strip() for ln in blocks(Path(a.readme).read_text())
-                 if ln.startswith("ansible-playbook nocloud.loadbalancer.drain ")]
+        found = [c.cmd for c in selected(commands(str(Path(a.readme).resolve().relative_to(TOP))))]
         cycles.append(("README (infra repository)", found, a.infra))
     if a.top:
         found = [ln.replace("/nocloudlb-lab/l2/", f"/nocloudlb-lab/{a.lab}/") for ln in lines

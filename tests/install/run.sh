@@ -20,7 +20,8 @@
 #   6. the playbooks by FQCN; docs/quickstart.md's commands run on that lab (nocloudlb from
 #      the nodes' PATH, --version), the README's drain and undrain by FQCN from the infra
 #      repository and the quickstart's from the checkout, each checked on the node, a VIP
-#      watched moving;
+#      watched moving; the other `ansible-playbook` lines of README.md, docs/howto.md and
+#      docs/operations.md run as written (tests/install/doc_playbooks.py);
 #   7. nothing left in ~/.ansible/collections, the lab down.
 # Run as root: tests/install/run.sh  (KEEP=1 keeps the work directory and the lab)
 set -euo pipefail
@@ -139,8 +140,8 @@ run_playbook() {
     grep -A20 '^PLAY RECAP' "$log" | grep -E 'ok=' | sed 's/^/  /'
 }
 
-step "playbooks/site.yml: our web servers, then import_playbook nocloud.loadbalancer.site"
-run_playbook site.yml
+step "playbooks/site.yml: our web servers, then import_playbook nocloud.loadbalancer.site (the README's line)"
+"$venv/bin/python" "$here/doc_playbooks.py" --infra "$infra" deploy || fail "the README's site.yml line (above)"
 [ -d "$infra/.cache/wheelhouse" ] || fail "the wheelhouse was not built from the installed collection"
 echo "  wheelhouse built from the installed collection: $(find "$infra/.cache/wheelhouse" -name '*.whl' -printf '%f ')"
 
@@ -186,6 +187,9 @@ step "docs/quickstart.md's commands on the lab, with the installed collection's 
     --labctl "$infra/collections/ansible_collections/nocloud/loadbalancer/roles/lab/files/labctl.py" \
     --readme "$top/README.md" --infra "$infra" --top "$top" \
     || fail "the quickstart's commands (above)"
+
+step "the ansible-playbook lines of docs/howto.md and docs/operations.md, as written, in the infra repository"
+"$venv/bin/python" "$here/doc_playbooks.py" --infra "$infra" day2 || fail "a documented ansible-playbook line (above)"
 
 step "nothing left in ~/.ansible/collections"
 after=$(home_collections)
