@@ -6,6 +6,7 @@ netns test drives real bgpd)."""
 
 from __future__ import annotations
 
+import socket
 import threading
 
 import pytest
@@ -273,14 +274,9 @@ def test_the_lock_is_held_while_the_lines_go():
     assert seen == [True]
 
 
-def fake_daemon(path: str, stop: threading.Event) -> None:
-    """A vty socket that answers each NUL-terminated command (read in small pieces) in turn:
-    ``% refused`` with status 2 for a command holding "bad", else nothing with status 0."""
-    import socket  # noqa: PLC0415
-
-    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    srv.bind(path)
-    srv.listen(1)
+def fake_daemon(srv, stop: threading.Event) -> None:
+    """A vty socket (``srv``, listening) that answers each NUL-terminated command (read in small pieces)
+    in turn: ``% refused`` with status 2 for a command holding "bad", else nothing with status 0."""
     srv.settimeout(5)
     conn, _addr = srv.accept()
     buf = b""
@@ -301,12 +297,11 @@ def test_vty_lines_go_in_batches_and_each_keeps_its_own_answer(tmp_path):
 
     path = str(tmp_path / "bgpd.vty")
     stop = threading.Event()
-    t = threading.Thread(target=fake_daemon, args=(path, stop), daemon=True)
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(1)  # listening before the session connects (a socket file alone refuses connections)
+    t = threading.Thread(target=fake_daemon, args=(srv, stop), daemon=True)
     t.start()
-    for _i in range(100):
-        if (tmp_path / "bgpd.vty").exists():
-            break
-        threading.Event().wait(0.01)
     lines = [f"network 2001:db8:5::{i:x}/128" for i in range(450)]
     lines[201] = "bad line"
     with VtySession(path, "bgpd", 5.0) as vty:
