@@ -2,6 +2,13 @@
 ip route) or from the client c2's traffic. Prints one ``BGP ...`` line per check with its
 figures, ``BGP-FIGURES {json}`` at the end, and exits 1 at the first failed check.
 
+The interop matrix: the nodes run Debian 12's FRR 8.4 and peer with r1 (FRR 8.4), r2 (Debian 13's
+FRR 10.3) and r3 (BIRD 2). (Nodes on FRR 10.3 are left out: with BFD their sessions never start
+against these passive routers; docs/bgp.md, "Routers and FRR releases".) Each check that moves a next
+hop (drain, a clean stop, a frozen node, a frozen bgpd) is timed at the three routers at once,
+from their kernel's FIB; sessions, ECMP next hops and communities are read from each router's
+own tool (vtysh json, birdc). ``BGP-MATRIX {json}`` carries the figures per router and node.
+
     verify_bgp.py LAB_NAME REPO_ROOT
 """
 
@@ -11,6 +18,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 
 LAB, REPO = sys.argv[1], sys.argv[2]
@@ -20,6 +28,7 @@ from nocloudlb.core.routes import kernel_next_hops  # noqa: E402
 
 lab = labctl.Lab(LAB)
 NODES = {"n1": "198.51.100.11", "n2": "198.51.100.12", "n3": "198.51.100.13"}
+ROUTERS = {"r1": "frr", "r2": "frr", "r3": "bird"}  # r1: Debian 12's FRR 8.4; r2: Debian 13's FRR 10.3
 ALL = set(NODES.values())
 WEB, LOCAL, AGG = "203.0.113.10", "203.0.113.11", "203.0.113.66"
 DRAIN = "node.kubernetes.io/exclude-from-external-load-balancers"
@@ -49,8 +58,9 @@ print(json.dumps({"total": total, "seen": seen, "failed": failed}))
 
 def fail(msg: str) -> None:
     print(f"BGP FAILED: {msg}", flush=True)
-    for host in ("r1",):
-        print(lab.exec(host, ["vtysh", "-c", "show bgp summary"], check=False).stdout)
+    for host in ("r1", "r2"):
+        print(host, lab.exec(host, ["vtysh", "-c", "show bgp summary"], check=False).stdout)
+    print("r3", lab.exec("r3", ["birdc", "show", "protocols"], check=False).stdout)
     for host in NODES:
         print(host, lab.exec(host, ["sh", "-c", f"{CLI} status --json | head -c 3000; "
                                     "journalctl -u nocloudlb-speaker -n 30 --no-pager"], check=False).stdout)
@@ -67,8 +77,73 @@ def vt(host: str, command: str) -> dict:
     return json.loads(out or "{}")
 
 
-def hops(prefix: str) -> set[str]:
-    return kernel_next_hops(lab.exec("r1", ["ip", "-j", "route", "show", prefix], timeout=10).stdout, prefix)
+def hops(prefix: str, router: str = "r1") -> set[str]:
+    return kernel_next_hops(lab.exec(router, ["ip", "-j", "route", "show", prefix], timeout=10).stdout, prefix)
+
+
+def bird_protocols(router: str) -> dict[str, dict[str, str]]:
+    """``birdc show protocols all``: protocol name -> its fields (state, Neighbor address, BGP state...)."""
+    out, name, blocks = lab.exec(router, ["birdc", "show", "protocols", "all"], timeout=15).stdout, "", {}
+    for line in out.splitlines():
+        if line and not line[0].isspace() and len(line.split()) >= 4 and line.split()[1] == "BGP":
+            name = line.split()[0]
+            blocks[name] = {"state": line.split()[3]}
+        elif name and ":" in line:
+            k, _sep, v = line.strip().partition(":")
+            blocks[name].setdefault(k.strip(), v.strip())
+    return blocks
+
+
+def established(router: str) -> set[str]:
+    """The nodes' addresses with an Established session at ``router``."""
+    if ROUTERS[router] == "bird":
+        return {b.get("Neighbor address", "") for b in bird_protocols(router).values()
+                if b.get("BGP state") == "Established"}
+    peers = vt(router, "show bgp ipv4 unicast summary json").get("peers", {})
+    return {a for a, p in peers.items() if p.get("state") == "Established"}
+
+
+def communities(router: str, prefix: str) -> list[str]:
+    """The community string of each path ``router`` holds for ``prefix``."""
+    if ROUTERS[router] == "bird":
+        out = lab.exec(router, ["birdc", "show", "route", "for", prefix, "all"], timeout=15).stdout
+        return [ln.split(":", 1)[1].strip() for ln in out.splitlines() if ln.strip().startswith("BGP.community:")]
+    return [p.get("community", {}).get("string", "") for p in vt(router, f"show bgp ipv4 unicast {prefix} json")
+            .get("paths", [])]
+
+
+def version(host: str, kind: str) -> str:
+    if kind == "bird":
+        r = lab.exec(host, ["bird", "--version"], check=False)
+        return (r.stdout + r.stderr).strip().replace("BIRD version ", "BIRD ")
+    first = lab.exec(host, ["vtysh", "-c", "show version"], timeout=15).stdout.strip().splitlines()[0]
+    return "FRR " + first.split()[1] if first.startswith("FRRouting") else first
+
+
+def timed_all(pred, timeout: float) -> dict[str, float | None]:
+    """``pred(router)`` polled at every router at once: router -> seconds until it held (None: never)."""
+    out: dict[str, float | None] = {}
+    t0 = time.monotonic()
+
+    def one(r: str) -> None:
+        out[r] = time.monotonic() - t0 if wait_for(lambda: pred(r), timeout) else None
+
+    threads = [threading.Thread(target=one, args=(r,)) for r in ROUTERS]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    return out
+
+
+def all_back(what: str, timeout: float = 90) -> None:
+    for r in ROUTERS:
+        check(bool(wait_for(lambda r=r: hops(WEB, r) == ALL, timeout, 0.2)), f"{what}: {r} routes {WEB} via "
+              f"{hops(WEB, r)}")
+
+
+def fmt(times: dict[str, float | None]) -> str:
+    return ", ".join(f"{r} {'never' if t is None else f'{t:.3f} s'}" for r, t in times.items())
 
 
 def sessions() -> dict[str, dict]:
@@ -111,6 +186,19 @@ check(not spread["failed"] and len(spread["seen"]) > 1, f"client flows: {spread}
 figures["spread"] = spread["seen"]
 print(f"BGP client c2: 60 connections spread over {spread['seen']} (fib_multipath_hash_policy 1)", flush=True)
 
+# 1b. the interop matrix: every router, every node's FRR --------------------------------------
+matrix: dict[str, dict] = {r: {"router": version(r, k)} for r, k in ROUTERS.items()}
+node_frr = {n: version(n, "frr") for n in NODES}
+for r in ROUTERS:
+    check(bool(wait_for(lambda r=r: established(r) == ALL, 90, 0.5)),
+          f"{r} ({matrix[r]['router']}): sessions Established from {sorted(established(r))}, want {sorted(ALL)}")
+    check(bool(wait_for(lambda r=r: hops(WEB, r) == ALL, 60, 0.2)), f"{r}: {WEB} via {hops(WEB, r)}, want {ALL}")
+    comms = communities(r, f"{WEB}/32")
+    check(len(comms) == 3 and set(comms) in ({"64512:100"}, {"(64512,100)"}), f"{r}: {WEB} communities {comms}")
+    matrix[r].update(sessions=len(ALL), ecmp=len(hops(WEB, r)), community=comms[0])
+    print(f"BGP matrix {r} ({matrix[r]['router']}): sessions from n1, n2 and n3 ({node_frr['n1']}) Established; "
+          f"{WEB}/32 via 3 next hops in the kernel; community {comms[0]} on each path", flush=True)
+
 # 2. aggregation refused by the router's /32-only filter ---------------------------------
 adv = vt("n1", "show bgp ipv4 unicast neighbors 198.51.100.1 advertised-routes json")
 check("203.0.113.64/30" in adv.get("advertisedRoutes", {}), f"n1 does not advertise 203.0.113.64/30: {adv}")
@@ -136,13 +224,16 @@ lab.exec("c2", ["rm", "-f", "/tmp/stop"])
 poller = lab.popen_exec("c2", ["python3", "-c", CLIENT, WEB, "0", "0.05", "/tmp/stop"])
 time.sleep(1.0)
 lab.exec("n1", [CLI, "label", "set", f"{DRAIN}=true"])
-t = timed(lambda: hops(WEB) == ALL - {NODES["n1"]}, 10)
-check(t is not None, f"drain: next hops {hops(WEB)}")
+drained = timed_all(lambda r: hops(WEB, r) == ALL - {NODES["n1"]}, 10)
+t = drained["r1"]
+check(None not in drained.values(), f"drain n1: next hops gone at {fmt(drained)}")
 s = sessions()[NODES["n1"]]
 check(s["state"] == "Established" and s["connectionsEstablished"] == before, f"drain reset the session: {s}")
 time.sleep(1.0)
 lab.exec("n1", [CLI, "label", "unset", DRAIN])
-check(bool(wait_for(lambda: hops(WEB) == ALL, 90, 0.2)), f"undrain: next hops {hops(WEB)}")  # additions: a reload
+all_back("undrain n1")  # additions: a reload
+for r, dt in drained.items():
+    matrix[r]["drain_n1_s"] = round(dt or 0, 3)
 time.sleep(1.0)
 lab.exec("c2", ["touch", "/tmp/stop"])
 out, _err = poller.communicate(timeout=30)
@@ -151,7 +242,7 @@ figures["drain_s"] = round(t or 0, 3)
 figures["drain_requests"] = polled["total"]
 figures["drain_failed"] = len(polled["failed"])
 check(not polled["failed"], f"drain lost requests: {polled}")
-print(f"BGP drain n1: next hop gone after {t:.3f} s, session kept; {polled['total']} requests every 50 ms, "
+print(f"BGP drain n1: next hop gone after {fmt(drained)}, session kept; {polled['total']} requests every 50 ms, "
       f"{len(polled['failed'])} failed; undrain brings it back", flush=True)
 
 # 4b. drain.yml with router=r1 returns only once r1 no longer routes through the node -------------
@@ -258,32 +349,61 @@ check(plain["drained"]["broken"] > 0, f"plain ECMP kept every connection of the 
       "(then this check proves nothing)")
 
 # 5. freeze a node (BFD 100 ms x 3) ------------------------------------------------------------
-fault = lab.fault_freeze("n3")
-t = timed(lambda: NODES["n3"] not in hops(WEB), 15)
-lab.undo(fault["id"])
-check(t is not None, f"freeze n3: next hops {hops(WEB)}")
-check(t < 3.0, f"freeze n3: next hop gone only after {t:.2f} s (BFD 100 ms x 3)")
+def freeze_node(node: str) -> dict[str, float | None]:
+    fault = lab.fault_freeze(node)
+    times = timed_all(lambda r: NODES[node] not in hops(WEB, r), 15)
+    lab.undo(fault["id"])
+    check(None not in times.values(), f"freeze {node}: next hop gone at {fmt(times)}")
+    check(max(t or 0 for t in times.values()) < 3.0, f"freeze {node}: next hop gone at {fmt(times)} (BFD 100 ms x 3)")
+    all_back(f"{node} thawed")
+    for r, dt in times.items():
+        matrix[r][f"freeze_{node}_s"] = round(dt or 0, 3)
+    return times
+
+
+times = freeze_node("n3")
+t = times["r1"]
 figures["freeze_node_s"] = round(t or 0, 3)
-print(f"BGP freeze n3: next hop gone after {t:.3f} s (BFD 100 ms x 3; wide margin 3 s)", flush=True)
-check(bool(wait_for(lambda: hops(WEB) == ALL, 90, 0.5)), f"n3 thawed: next hops {hops(WEB)}")
+print(f"BGP freeze n3: next hop gone after {fmt(times)} (BFD 100 ms x 3; wide margin 3 s)", flush=True)
 
 # 6. freeze bgpd alone: the speaker's watch blocks BFD ------------------------------------------
-bgpd = lab.exec("n2", ["cat", "/run/frr/bgpd.pid"]).stdout.strip()
-lab.exec("n2", ["kill", "-STOP", bgpd])
-t = timed(lambda: NODES["n2"] not in hops(WEB), 15)
-lab.exec("n2", ["kill", "-CONT", bgpd])
-check(t is not None, f"bgpd frozen on n2: next hops {hops(WEB)}")
-check(t < 4.0, f"bgpd frozen on n2: next hop gone only after {t:.2f} s (hold time 9 s)")
-figures["freeze_bgpd_s"] = round(t or 0, 3)
-print(f"BGP bgpd frozen on n2: next hop gone after {t:.3f} s (hold time 9 s; wide margin 4 s)", flush=True)
-check(bool(wait_for(lambda: hops(WEB) == ALL, 90, 0.5)), f"bgpd thawed: next hops {hops(WEB)}")
+def freeze_bgpd(node: str) -> dict[str, float | None]:
+    bgpd = lab.exec(node, ["cat", "/run/frr/bgpd.pid"]).stdout.strip()
+    lab.exec(node, ["kill", "-STOP", bgpd])
+    times = timed_all(lambda r: NODES[node] not in hops(WEB, r), 15)
+    lab.exec(node, ["kill", "-CONT", bgpd])
+    check(None not in times.values(), f"bgpd frozen on {node}: next hop gone at {fmt(times)}")
+    check(max(t or 0 for t in times.values()) < 4.0, f"bgpd frozen on {node}: next hop gone at {fmt(times)} "
+          "(hold time 9 s)")
+    all_back(f"bgpd thawed on {node}")
+    for r, dt in times.items():
+        matrix[r][f"freeze_bgpd_{node}_s"] = round(dt or 0, 3)
+    return times
 
-# 7. a speaker that stops cleanly withdraws before it exits ---------------------------------------
-lab.exec("n1", ["systemctl", "stop", "nocloudlb-speaker.service"], timeout=60)
-after_stop = hops(WEB)
-lab.exec("n1", ["systemctl", "start", "nocloudlb-speaker.service"], timeout=60)
-check(NODES["n1"] not in after_stop, f"stopped speaker: r1 still routes through n1 ({after_stop})")
-print("BGP clean stop of n1's speaker: its next hop was gone when systemctl stop returned", flush=True)
-check(bool(wait_for(lambda: hops(WEB) == ALL, 90, 0.5)), f"n1 restarted: next hops {hops(WEB)}")
+
+times = freeze_bgpd("n2")
+figures["freeze_bgpd_s"] = round(times["r1"] or 0, 3)
+print(f"BGP bgpd frozen on n2: next hop gone after {fmt(times)} (hold time 9 s; wide margin 4 s)", flush=True)
+
+# 7. a speaker that stops cleanly withdraws before it exits (seen at every router) -----------------------
+def clean_stop(node: str) -> float:
+    t0 = time.monotonic()
+    lab.exec(node, ["systemctl", "stop", "nocloudlb-speaker.service"], timeout=60)
+    took = time.monotonic() - t0
+    after_stop = {r: hops(WEB, r) for r in ROUTERS}
+    lab.exec(node, ["systemctl", "start", "nocloudlb-speaker.service"], timeout=60)
+    still = [r for r, h in after_stop.items() if NODES[node] in h]
+    check(not still, f"stopped speaker on {node}: {still} still route through it ({after_stop})")
+    all_back(f"{node} restarted")
+    for r in ROUTERS:
+        matrix[r][f"stop_{node}"] = "gone"
+    return took
+
+
+took = clean_stop("n1")
+print(f"BGP clean stop of n1's speaker: its next hop was gone at r1, r2 and r3 when systemctl stop returned "
+      f"({took:.2f} s)", flush=True)
+
+print("BGP-MATRIX " + json.dumps({"nodes": node_frr, "routers": matrix}), flush=True)
 
 print("BGP-FIGURES " + json.dumps(figures), flush=True)

@@ -52,6 +52,7 @@ BASE_PACKAGES = [
     "frr", "frr-pythontools", "keepalived", "arping", "tcpdump", "iputils-ping", "nftables",
     "curl", "ca-certificates", "netcat-openbsd", "less",
     "jq",  # the docs' journalctl | jq lines run on nodes (tests/install/own_hosts.py)
+    "bird2",  # the router role's BIRD routers (molecule/bgp's r3)
 ]
 # Units that have no job in a namespace host, or would touch the machine, or just add load.
 MASKED_UNITS = [
@@ -66,7 +67,7 @@ MASKED_UNITS = [
     "sys-fs-fuse-connections.mount", "dev-hugepages.mount", "dev-mqueue.mount",
 ]
 # Installed by the packages and enabled by them, but only wanted where a host asks for them.
-DISABLED_BY_DEFAULT = ["frr.service", "keepalived.service", "ssh.service"]
+DISABLED_BY_DEFAULT = ["frr.service", "keepalived.service", "ssh.service", "bird.service"]
 # Every image has these packages and an ordinary user (SSH_USER, passwordless sudo), with sshd
 # disabled: one image per release serves hosts with and without `ssh: true` (a second flavour
 # would cost a debootstrap of minutes for two small packages). A host with `ssh: true` gets sshd
