@@ -348,6 +348,7 @@ check(handed["drained"]["broken"] == 0 and handed["staying"]["broken"] == 0,
 check(plain["drained"]["broken"] > 0, f"plain ECMP kept every connection of the drained node: {plain} "
       "(then this check proves nothing)")
 
+
 # 5. freeze a node (BFD 100 ms x 3) ------------------------------------------------------------
 def freeze_node(node: str) -> dict[str, float | None]:
     fault = lab.fault_freeze(node)
@@ -365,6 +366,7 @@ times = freeze_node("n3")
 t = times["r1"]
 figures["freeze_node_s"] = round(t or 0, 3)
 print(f"BGP freeze n3: next hop gone after {fmt(times)} (BFD 100 ms x 3; wide margin 3 s)", flush=True)
+
 
 # 6. freeze bgpd alone: the speaker's watch blocks BFD ------------------------------------------
 def freeze_bgpd(node: str) -> dict[str, float | None]:
@@ -384,6 +386,7 @@ def freeze_bgpd(node: str) -> dict[str, float | None]:
 times = freeze_bgpd("n2")
 figures["freeze_bgpd_s"] = round(times["r1"] or 0, 3)
 print(f"BGP bgpd frozen on n2: next hop gone after {fmt(times)} (hold time 9 s; wide margin 4 s)", flush=True)
+
 
 # 7. a speaker that stops cleanly withdraws before it exits (seen at every router) -----------------------
 def clean_stop(node: str) -> float:
