@@ -59,8 +59,12 @@ def leftovers(name: str) -> dict[str, list[str]]:
 
 @pytest.fixture(scope="session")
 def lab(image: Path) -> Iterator[labctl.Lab]:
-    """The default topology (n1-n3, c1 on lan; r1 between lan and edge; c2 on edge) as lab "pyt"."""
-    the_lab = labctl.Lab("pyt")
+    """The default topology (n1-n3, c1 on lan; r1 between lan and edge; c2 on edge) as lab "pyt".
+
+    Under pytest-xdist every worker boots its own, named after it ("pyt0", "pyt1", ...).
+    """
+    name = "pyt" + os.environ.get("PYTEST_XDIST_WORKER", "").removeprefix("gw")
+    the_lab = labctl.Lab(name)
     the_lab.down()
     try:
         res = the_lab.up(DEFAULT_TOPOLOGY)
@@ -68,7 +72,7 @@ def lab(image: Path) -> Iterator[labctl.Lab]:
         yield the_lab
     finally:
         the_lab.down()
-    assert not any(leftovers("pyt").values()), leftovers("pyt")
+    assert not any(leftovers(name).values()), leftovers(name)
 
 
 @pytest.fixture

@@ -1334,11 +1334,23 @@ class Lab:
         pids: list[int] = []
         if method == "cgroup":
             cgs = self.cgroup_dirs(host)
+            # A freeze can stay FREEZING when a task was busy in the kernel as it was asked (disk I/O on
+            # a loaded machine; a vfork parent waiting on a child): the older freezer-subsystem docs say
+            # to write FROZEN again, and runc's freezer also thaws and asks again when that does not
+            # help. So: ask again every half second, and every fourth time thaw first.
             set_frozen(cgs, True)
-            deadline = time.monotonic() + 10
+            start = asked = time.monotonic()
+            tries = 0
             while not is_frozen(cgs):
-                if time.monotonic() > deadline:
-                    raise LabError(f"fault freeze: {host} was not frozen within 10 s")
+                now = time.monotonic()
+                if now - start > 30:
+                    raise LabError(f"fault freeze: {host} was not frozen within 30 s ({tries} tries)")
+                if now - asked > 0.5:
+                    tries += 1
+                    if tries % 4 == 0:
+                        set_frozen(cgs, False)
+                    set_frozen(cgs, True)
+                    asked = now
                 time.sleep(0.01)
         else:
             pids = cgroup_pids(main_cgroup(self.cgroup_dirs(host)), recursive=True)
