@@ -16,7 +16,13 @@ description:
   - Refuses, with the router and the field named, what that router cannot do, for example BFD on
     GoBGP, a TCP MD5 password on GoBGP's dynamic neighbours, a password over the 80 bytes of a TCP
     MD5 key or one the nodes' FRR cannot hold (the core's C(password_problem)), a password BIRD cannot
-    quote, a listen range that is not a CIDR or a pool that is not an address range.
+    quote, a listen range that is not a CIDR or a pool that is not an address range, static BFD peers
+    without BFD, outside the listen ranges or on none of the router's networks.
+  - C(router_bfd_peers) lists nodes the router holds a BFD session with before their BGP session is up
+    (FRR 10.2 and 10.3 on a node start BGP only once BFD is up, while a passive router with dynamic
+    neighbours starts BFD only once BGP is up); C(router_addresses) are the router's own addresses
+    (C(198.51.100.1/24) strings or Ansible's interface facts), from which each session's local
+    address is taken.
   - Returns the values the templates use, normalised (CIDRs, timers, BFD intervals with defaults).
 options:
   _input:
@@ -39,7 +45,10 @@ _value:
     A mapping with C(kind), C(asn), C(nodes_asn), C(ebgp), C(router_id), C(listen_ranges) (C(cidr),
     C(version)), C(pools) (as router_cidrs), C(pools4), C(pools6), C(maximum_paths),
     C(password_set) (the password itself is left out),
-    C(bfd) (empty or C(receive_interval), C(transmit_interval), C(detect_multiplier)), C(keepalive), C(hold).
+    C(bfd) (empty or C(receive_interval), C(transmit_interval), C(detect_multiplier)),
+    C(bfd_peers) (C(peer), C(local), C(interface), C(version): static single-hop BFD sessions towards
+    the nodes),
+    C(keepalive), C(hold).
   type: dict
 """
 
@@ -129,6 +138,64 @@ def _listen_ranges(value, kind):
     return out
 
 
+def _addresses(value):
+    """The router's own addresses as (netaddr IPNetwork, interface name or ""): strings like
+    198.51.100.1/24, or Ansible's interface facts (device, ipv4, ipv4_secondaries, ipv6)."""
+    out = []
+    for entry in value or []:
+        items, device = [entry], ""
+        if isinstance(entry, dict):
+            items = [entry.get("ipv4")] + list(entry.get("ipv4_secondaries") or []) + list(entry.get("ipv6") or [])
+            device = str(entry.get("device") or "")
+        for item in items:
+            if isinstance(item, dict) and item.get("address"):
+                item = f"{item['address']}/{item.get('netmask') or item.get('prefix') or ''}".rstrip("/")
+            if not item or isinstance(item, dict):
+                continue
+            try:
+                out.append((netaddr.IPNetwork(str(item).split("%", maxsplit=1)[0]), device))
+            except (netaddr.AddrFormatError, ValueError, TypeError):
+                continue
+    return out
+
+
+def _bfd_peers(value, kind, bfd, ranges, addresses):
+    """Static BFD sessions towards the nodes, each with the router's address on the node's network.
+
+    A passive router with dynamic neighbours starts BFD only once a node's BGP session is up, and FRR
+    10.2-10.3 on a node starts BGP only once BFD is up: these sessions break that wait."""
+    if not value:
+        return []
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+        raise _Refused(f"router {kind}: router_bfd_peers: a list of the nodes' addresses is needed, not {value!r}")
+    if kind == "gobgp":
+        raise _Refused("router gobgp: router_bfd_peers: GoBGP has no BFD; leave router_bfd_peers empty for gobgp, "
+                       "or use router_kind frr or bird")
+    if not bfd:
+        raise _Refused(f"router {kind}: router_bfd_peers: BFD sessions need router_bfd (their timers), which is "
+                       "empty; set router_bfd or leave router_bfd_peers empty")
+    own = _addresses(addresses)
+    out = {}
+    for entry in value:
+        text = str(entry).strip()
+        try:
+            peer = netaddr.IPAddress(text, flags=netaddr.INET_PTON)
+        except (netaddr.AddrFormatError, ValueError, TypeError) as exc:
+            raise _Refused(f"router {kind}: router_bfd_peers: {text!r} is not an IP address ({exc})") from exc
+        if not any(peer in netaddr.IPNetwork(r["cidr"]) for r in ranges):
+            raise _Refused(f"router {kind}: router_bfd_peers: {peer} is in none of router_listen_ranges "
+                           f"({', '.join(r['cidr'] for r in ranges) or 'none'}), so it never peers with this router")
+        local = next(((a, dev) for a, dev in own if a.version == peer.version and peer in a.cidr and a.ip != peer),
+                     None)
+        if local is None:
+            raise _Refused(f"router {kind}: router_bfd_peers: {peer} is on none of this router's networks "
+                           f"({', '.join(str(a) for a, _dev in own) or 'no addresses known: gather facts'}); "
+                           "these BFD sessions are single-hop")
+        # with the interface, FRR's bfdd keys the session as bgpd later registers it: one session, not two
+        out[str(peer)] = {"peer": str(peer), "local": str(local[0].ip), "interface": local[1], "version": peer.version}
+    return sorted(out.values(), key=lambda p: (p["version"], netaddr.IPAddress(p["peer"])))
+
+
 def _timers(value, kind):
     if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)) or len(value) != 2:
         raise _Refused(f"router {kind}: router_timers: [keepalive, hold] in seconds is needed, not {value!r}")
@@ -165,20 +232,24 @@ def router_config(variables):
     except AnsibleFilterError as exc:
         raise _Refused(f"router {kind}: {exc.message}") from exc
     keepalive, hold = _timers(variables.get("router_timers", [3, 9]), kind)
+    bfd = _bfd(variables.get("router_bfd"), kind)
+    ranges = _listen_ranges(variables.get("router_listen_ranges") or [], kind)
     return {
         "kind": kind,
         "asn": asn,
         "nodes_asn": nodes_asn,
         "ebgp": asn != nodes_asn,
         "router_id": router_id,
-        "listen_ranges": _listen_ranges(variables.get("router_listen_ranges") or [], kind),
+        "listen_ranges": ranges,
         "pools": pools,
         "pools4": [p["cidr"] for p in pools if p["version"] == 4],
         "pools6": [p["cidr"] for p in pools if p["version"] == 6],
         "maximum_paths": _int(variables.get("router_maximum_paths", 8), kind, "router_maximum_paths", 1, 256),
         # the password itself stays out of the result (set_fact shows it; the templates read router_password)
         "password_set": bool(_password(variables.get("router_password"), kind)),
-        "bfd": _bfd(variables.get("router_bfd"), kind),
+        "bfd": bfd,
+        "bfd_peers": _bfd_peers(variables.get("router_bfd_peers"), kind, bfd, ranges,
+                                variables.get("router_addresses")),
         "keepalive": keepalive,
         "hold": hold,
     }

@@ -196,8 +196,12 @@ for r in ROUTERS:
     comms = communities(r, f"{WEB}/32")
     check(len(comms) == 3 and set(comms) in ({"64512:100"}, {"(64512,100)"}), f"{r}: {WEB} communities {comms}")
     matrix[r].update(sessions=len(ALL), ecmp=len(hops(WEB, r)), community=comms[0])
-    print(f"BGP matrix {r} ({matrix[r]['router']}): sessions from n1, n2 and n3 ({node_frr['n1']}) Established; "
-          f"{WEB}/32 via 3 next hops in the kernel; community {comms[0]} on each path", flush=True)
+    print(f"BGP matrix {r} ({matrix[r]['router']}): sessions from n1 ({node_frr['n1']}), n2 ({node_frr['n2']}) "
+          f"and n3 ({node_frr['n3']}) Established; {WEB}/32 via 3 next hops in the kernel; community {comms[0]} "
+          "on each path", flush=True)
+# n3 runs Debian 13's FRR (10.3): its BGP starts only once BFD is up, which the routers' static
+# BFD sessions (router_bfd_peers) make possible; every later step is timed for it and for n1 (FRR 8.4)
+check(node_frr["n3"] != node_frr["n1"], f"n1 and n3 run the same FRR ({node_frr}): the matrix needs two releases")
 
 # 2. aggregation refused by the router's /32-only filter ---------------------------------
 adv = vt("n1", "show bgp ipv4 unicast neighbors 198.51.100.1 advertised-routes json")
@@ -244,6 +248,21 @@ figures["drain_failed"] = len(polled["failed"])
 check(not polled["failed"], f"drain lost requests: {polled}")
 print(f"BGP drain n1: next hop gone after {fmt(drained)}, session kept; {polled['total']} requests every 50 ms, "
       f"{len(polled['failed'])} failed; undrain brings it back", flush=True)
+
+
+def drain_only(node: str) -> dict[str, float | None]:
+    """Drain ``node`` by its label, time its next hop's removal at every router, undrain."""
+    lab.exec(node, [CLI, "label", "set", f"{DRAIN}=true"])
+    times = timed_all(lambda r: hops(WEB, r) == ALL - {NODES[node]}, 10)
+    lab.exec(node, [CLI, "label", "unset", DRAIN])
+    check(None not in times.values(), f"drain {node}: next hops gone at {fmt(times)}")
+    all_back(f"undrain {node}")
+    for r, dt in times.items():
+        matrix[r][f"drain_{node}_s"] = round(dt or 0, 3)
+    return times
+
+
+print(f"BGP drain n3 ({node_frr['n3']}): next hop gone after {fmt(drain_only('n3'))}", flush=True)
 
 # 4b. drain.yml with router=r1 returns only once r1 no longer routes through the node -------------
 BIN = os.path.dirname(sys.executable)
@@ -365,7 +384,9 @@ def freeze_node(node: str) -> dict[str, float | None]:
 times = freeze_node("n3")
 t = times["r1"]
 figures["freeze_node_s"] = round(t or 0, 3)
-print(f"BGP freeze n3: next hop gone after {fmt(times)} (BFD 100 ms x 3; wide margin 3 s)", flush=True)
+print(f"BGP freeze n3 ({node_frr['n3']}): next hop gone after {fmt(times)} (BFD 100 ms x 3; wide margin 3 s)",
+      flush=True)
+print(f"BGP freeze n1 ({node_frr['n1']}): next hop gone after {fmt(freeze_node('n1'))}", flush=True)
 
 
 # 6. freeze bgpd alone: the speaker's watch blocks BFD ------------------------------------------
@@ -385,7 +406,9 @@ def freeze_bgpd(node: str) -> dict[str, float | None]:
 
 times = freeze_bgpd("n2")
 figures["freeze_bgpd_s"] = round(times["r1"] or 0, 3)
-print(f"BGP bgpd frozen on n2: next hop gone after {fmt(times)} (hold time 9 s; wide margin 4 s)", flush=True)
+print(f"BGP bgpd frozen on n2 ({node_frr['n2']}): next hop gone after {fmt(times)} (hold time 9 s; wide margin "
+      "4 s)", flush=True)
+print(f"BGP bgpd frozen on n3 ({node_frr['n3']}): next hop gone after {fmt(freeze_bgpd('n3'))}", flush=True)
 
 
 # 7. a speaker that stops cleanly withdraws before it exits (seen at every router) -----------------------
@@ -403,9 +426,10 @@ def clean_stop(node: str) -> float:
     return took
 
 
-took = clean_stop("n1")
-print(f"BGP clean stop of n1's speaker: its next hop was gone at r1, r2 and r3 when systemctl stop returned "
-      f"({took:.2f} s)", flush=True)
+for node in ("n1", "n3"):
+    took = clean_stop(node)
+    print(f"BGP clean stop of {node}'s speaker ({node_frr[node]}): its next hop was gone at r1, r2 and r3 when "
+          f"systemctl stop returned ({took:.2f} s)", flush=True)
 
 print("BGP-MATRIX " + json.dumps({"nodes": node_frr, "routers": matrix}), flush=True)
 

@@ -34,6 +34,8 @@ EXTRAS = {  # what gobgp refuses
     "password": {"router_password": "x" * 80},
     "password with quote-like characters": {"router_password": "a'b`c$d\\e{f}"},
     "password and bfd": {"router_password": "s3cret", "router_bfd": BFD},
+    "bfd peers": {"router_bfd": BFD, "router_bfd_peers": ["198.51.100.12", "198.51.100.11", "2001:db8:1::11"],
+                  "router_addresses": ["198.51.100.1/24", "192.0.2.1/24", "2001:db8:1::1/64"]},
 }
 
 
@@ -79,6 +81,7 @@ def test_bird_policy():
     text = render("bird", router_password="s3cret-pass", router_bfd=BFD)
     assert "neighbor range 198.51.100.0/24 as 64512;" in text and "neighbor range 2001:db8:1::/64 as 64512;" in text
     assert "  passive on;" in text and "hold time 9;" in text and "keepalive time 3;" in text
+    assert "  error wait time 1, 10;" in text  # a node back from a failure is taken back within seconds
     assert ("if net ~ [ 203.0.113.0/26{32,32}, 203.0.113.64/30{32,32}, 203.0.113.68/31{32,32}, "
             "203.0.113.70/32{32,32} ] then accept;") in text
     assert "if net ~ [ 2001:db8:100::/120{128,128} ] then accept;" in text
@@ -123,6 +126,33 @@ def test_frr_unchanged_by_the_kinds():
         assert line + "\n" in text, line
 
 
+def test_static_bfd_peers_take_the_routers_address_on_their_network():
+    """FRR 10.2-10.3 nodes start BGP only once BFD is up; the router's static sessions come first."""
+    extra = EXTRAS["bfd peers"]
+    frr = render("frr", **extra)
+    for peer in ("198.51.100.11 local-address 198.51.100.1", "198.51.100.12 local-address 198.51.100.1",
+                 "2001:db8:1::11 local-address 2001:db8:1::1"):
+        assert f" peer {peer}\n  profile nodes\n exit\n" in frr, peer
+    bird = render("bird", **extra)
+    assert ("  neighbor 198.51.100.11 local 198.51.100.1;\n" in bird
+            and "  neighbor 2001:db8:1::11 local 2001:db8:1::1;\n" in bird)
+    assert bird.index("neighbor 198.51.100.11 ") < bird.index("neighbor 198.51.100.12 ") < bird.index("2001:db8:1::11 ")
+    # as the role passes them: Ansible's interface facts (a link-local address and lo are not chosen)
+    facts = [{"device": "lo", "ipv4": {"address": "127.0.0.1", "netmask": "255.0.0.0"},
+              "ipv6": [{"address": "::1", "prefix": "128", "scope": "host"}]},
+             {"device": "eth0", "ipv4": {"address": "198.51.100.2", "netmask": "255.255.255.0"},
+              "ipv4_secondaries": [{"address": "203.0.113.1", "netmask": "255.255.255.0"}],
+              "ipv6": [{"address": "fe80::1", "prefix": "64", "scope": "link"},
+                       {"address": "2001:db8:1::2", "prefix": "64", "scope": "global"}]}]
+    out = router_config(variables("bird", router_bfd=BFD, router_bfd_peers=["2001:db8:1::11", "198.51.100.11"],
+                                  router_addresses=facts))
+    assert out["bfd_peers"] == [{"peer": "198.51.100.11", "local": "198.51.100.2", "interface": "eth0", "version": 4},
+                                {"peer": "2001:db8:1::11", "local": "2001:db8:1::2", "interface": "eth0", "version": 6}]
+    frr = render("frr", router_bfd=BFD, router_bfd_peers=["198.51.100.11"], router_addresses=facts)
+    assert " peer 198.51.100.11 local-address 198.51.100.2 interface eth0\n  profile nodes\n" in frr
+    assert " peer 198" not in render("frr", router_bfd=BFD) and "neighbor 198" not in render("bird", router_bfd=BFD)
+
+
 # (kind, overrides, the message) - each refused by the check, before anything is rendered.
 REFUSALS = [
     ("gobgp", {"router_bfd": BFD},
@@ -162,6 +192,23 @@ REFUSALS = [
     ("bird", {"router_id": "2001:db8::1"}, "router bird: router_id: '2001:db8::1' is not an IPv4 address"),
     ("bird", {"router_maximum_paths": 0}, "router bird: router_maximum_paths: 0 is outside 1-256"),
     ("gobgp", {"router_asn": "sixty"}, "router gobgp: router_asn: 'sixty' is not a number"),
+    ("gobgp", {"router_bfd_peers": ["198.51.100.11"]},
+     "router gobgp: router_bfd_peers: GoBGP has no BFD; leave router_bfd_peers empty for gobgp"),
+    ("frr", {"router_bfd_peers": ["198.51.100.11"], "router_addresses": ["198.51.100.1/24"]},
+     "router frr: router_bfd_peers: BFD sessions need router_bfd (their timers), which is empty"),
+    ("bird", {"router_bfd_peers": "198.51.100.11", "router_bfd": BFD},
+     "router bird: router_bfd_peers: a list of the nodes' addresses is needed, not '198.51.100.11'"),
+    ("frr", {"router_bfd_peers": ["198.51.100.0/24"], "router_bfd": BFD},
+     "router frr: router_bfd_peers: '198.51.100.0/24' is not an IP address"),
+    ("bird", {"router_bfd_peers": ["203.0.113.5"], "router_bfd": BFD, "router_addresses": ["203.0.113.1/24"]},
+     "router bird: router_bfd_peers: 203.0.113.5 is in none of router_listen_ranges (198.51.100.0/24, "
+     "2001:db8:1::/64), so it never peers with this router"),
+    ("frr", {"router_bfd_peers": ["198.51.100.11"], "router_bfd": BFD, "router_addresses": ["192.0.2.1/24"]},
+     "router frr: router_bfd_peers: 198.51.100.11 is on none of this router's networks (192.0.2.1/24); "
+     "these BFD sessions are single-hop"),
+    ("frr", {"router_bfd_peers": ["198.51.100.11"], "router_bfd": BFD},
+     "router frr: router_bfd_peers: 198.51.100.11 is on none of this router's networks (no addresses known: "
+     "gather facts)"),
 ]
 
 
