@@ -121,12 +121,13 @@ docs-check: deps venv
 # `unit+lab-images+sanity+lint+docs-check+fuzz` run side by side, two at a time, on two cores
 # (the image builds mostly wait on the mirror and the disk); `install-test+own-hosts-test` run side
 # by side too (two labs of their own, mostly waiting on ssh, systemd and drains), and so do the edges and
-# dataplane scenarios (2 m 40 s together instead of about 3 m), and so do keepalived and bgp (7 m 55 s
+# dataplane scenarios (2 m 40 s together instead of about 3 m), the lab role's scenario beside the default
+# one (labs of their own, "mol" and "l2"), and keepalived and bgp (7 m 55 s
 # instead of about 13 m; labctl's cgroup freeze asks again when a loaded machine leaves a host FREEZING).
 # ansible-test sanity installs its tools into virtualenvs of its own (~/.ansible/test/venv), never into
 # the one unit runs from.
-TEST_STEPS := unit+lab-images+sanity+lint+docs-check+fuzz netns labtests install-test+own-hosts-test molecule-lab \
-	molecule-default molecule-edges+molecule-dataplane molecule-keepalived+molecule-bgp chaos-short
+TEST_STEPS := unit+lab-images+sanity+lint+docs-check+fuzz netns labtests install-test+own-hosts-test \
+	molecule-lab+molecule-default molecule-edges+molecule-dataplane molecule-keepalived+molecule-bgp chaos-short
 test: deps venv
 	$(PY) scripts/run-steps.py --title "make test" $(TEST_STEPS)
 
