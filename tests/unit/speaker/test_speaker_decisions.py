@@ -134,8 +134,13 @@ def test_a_config_whose_worst_case_metadata_cannot_fit_is_refused(tmp_path):
 # -- 13: re-announce only what may have moved ------------------------------------------------
 def test_heal_reannounces_only_vips_whose_leader_may_have_changed(harness):
     sp, _peer, vips = two_nodes(harness, peer_labels={DRAIN_LABEL: ""})  # p drained: never a candidate
+
+    def leads_all() -> bool:  # under load p's metadata can come after the first reconcile (then s waits)
+        sp.reconcile()
+        return set(sp.journal.announced()) == set(vips)
+
+    wait_for(leads_all, 10, "s announces every VIP once it has p's metadata")
     led = set(sp.journal.announced())
-    assert led == set(vips)
     for heal in (["heal\tmemberRecovered\tp"], ["heal\tmemberJoined\tp"]):
         n = len(sp.journal)
         sp.reannounce(heal)
