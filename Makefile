@@ -122,8 +122,8 @@ docs-check: deps venv
 # (the image builds mostly wait on the mirror and the disk); `install-test+own-hosts-test` run side
 # by side too (two labs of their own, mostly waiting on ssh, systemd and drains), and so do the edges and
 # dataplane scenarios (2 m 40 s together instead of about 3 m), the lab role's scenario beside the default
-# one (labs of their own, "mol" and "l2"), and keepalived and bgp (7 m 55 s
-# instead of about 13 m; labctl's cgroup freeze asks again when a loaded machine leaves a host FREEZING).
+# one (labs of their own, "mol" and "l2"), and keepalived and bgp (8 m 20 s to 8 m 46 s instead of about
+# 13 m; labctl's cgroup freeze asks again when a loaded machine leaves a host FREEZING).
 # ansible-test sanity installs its tools into virtualenvs of its own (~/.ansible/test/venv), never into
 # the one unit runs from.
 TEST_STEPS := unit+lab-images+sanity+lint+docs-check+fuzz netns labtests install-test+own-hosts-test \

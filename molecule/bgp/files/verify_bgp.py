@@ -222,22 +222,35 @@ check(bool(wait_for(lambda: hops(LOCAL) == ALL, 90, 0.2)), f"{LOCAL}: n1 healthy
 print(f"BGP Local policy: n1's check failed -> its next hop gone after {t:.2f} s (check 0.5 s x fall 2); "
       "back when healthy", flush=True)
 
+
 # 4. drain: next hop goes, session stays, no request lost ------------------------------------
+def drain(node: str, while_drained=None) -> dict[str, float | None]:
+    """Drain ``node`` by its label, time its next hop's removal at every router, run ``while_drained``,
+    undrain and wait for the next hop back everywhere."""
+    lab.exec(node, [CLI, "label", "set", f"{DRAIN}=true"])
+    times = timed_all(lambda r: hops(WEB, r) == ALL - {NODES[node]}, 10)
+    check(None not in times.values(), f"drain {node}: next hops gone at {fmt(times)}")
+    if while_drained:
+        while_drained()
+    lab.exec(node, [CLI, "label", "unset", DRAIN])
+    all_back(f"undrain {node}")  # additions: a reload
+    for r, dt in times.items():
+        matrix[r][f"drain_{node}_s"] = round(dt or 0, 3)
+    return times
+
+
+def session_kept() -> None:
+    s = sessions()[NODES["n1"]]
+    check(s["state"] == "Established" and s["connectionsEstablished"] == before, f"drain reset the session: {s}")
+    time.sleep(1.0)
+
+
 before = sessions()[NODES["n1"]]["connectionsEstablished"]
 lab.exec("c2", ["rm", "-f", "/tmp/stop"])
 poller = lab.popen_exec("c2", ["python3", "-c", CLIENT, WEB, "0", "0.05", "/tmp/stop"])
 time.sleep(1.0)
-lab.exec("n1", [CLI, "label", "set", f"{DRAIN}=true"])
-drained = timed_all(lambda r: hops(WEB, r) == ALL - {NODES["n1"]}, 10)
+drained = drain("n1", session_kept)
 t = drained["r1"]
-check(None not in drained.values(), f"drain n1: next hops gone at {fmt(drained)}")
-s = sessions()[NODES["n1"]]
-check(s["state"] == "Established" and s["connectionsEstablished"] == before, f"drain reset the session: {s}")
-time.sleep(1.0)
-lab.exec("n1", [CLI, "label", "unset", DRAIN])
-all_back("undrain n1")  # additions: a reload
-for r, dt in drained.items():
-    matrix[r]["drain_n1_s"] = round(dt or 0, 3)
 time.sleep(1.0)
 lab.exec("c2", ["touch", "/tmp/stop"])
 out, _err = poller.communicate(timeout=30)
@@ -248,21 +261,7 @@ figures["drain_failed"] = len(polled["failed"])
 check(not polled["failed"], f"drain lost requests: {polled}")
 print(f"BGP drain n1: next hop gone after {fmt(drained)}, session kept; {polled['total']} requests every 50 ms, "
       f"{len(polled['failed'])} failed; undrain brings it back", flush=True)
-
-
-def drain_only(node: str) -> dict[str, float | None]:
-    """Drain ``node`` by its label, time its next hop's removal at every router, undrain."""
-    lab.exec(node, [CLI, "label", "set", f"{DRAIN}=true"])
-    times = timed_all(lambda r: hops(WEB, r) == ALL - {NODES[node]}, 10)
-    lab.exec(node, [CLI, "label", "unset", DRAIN])
-    check(None not in times.values(), f"drain {node}: next hops gone at {fmt(times)}")
-    all_back(f"undrain {node}")
-    for r, dt in times.items():
-        matrix[r][f"drain_{node}_s"] = round(dt or 0, 3)
-    return times
-
-
-print(f"BGP drain n3 ({node_frr['n3']}): next hop gone after {fmt(drain_only('n3'))}", flush=True)
+print(f"BGP drain n3 ({node_frr['n3']}): next hop gone after {fmt(drain('n3'))}", flush=True)
 
 # 4b. drain.yml with router=r1 returns only once r1 no longer routes through the node -------------
 BIN = os.path.dirname(sys.executable)
