@@ -12,6 +12,8 @@ names next, and reports:
   longest_outage_s  longest run of failed requests
   failures          each failed request: seconds after the fault, and the error
   served_by         [seconds after the fault, node] each time the node serving the VIP changed
+  resets_at_move    failed requests reset by the peer between the last answer of one node and the
+                    first of the next: a connection that straddled the switch of MACs
 Then it undoes the fault and waits until the original owner serves again (restored_s).
 ``--fault watch --command CMD`` (no --host) only watches while CMD runs (a migration): command_rc,
 http_requests, http_failed, longest_outage_s, failures, served_by and announcers (every node whose
@@ -133,7 +135,20 @@ def http_report(samples: list[dict], t0: float) -> dict:
         if s["ok"] and s["body"] != last:
             out["served_by"].append([round(s["t"] - t0, 3), s["body"]])
             last = s["body"]
+    out["resets_at_move"] = resets_at_move(samples)
     return out
+
+
+def resets_at_move(samples: list[dict]) -> int:
+    """Failed requests that were reset between the last answer of one node and the first of another:
+    a connection open while the client's ARP/NDP entry switched MACs, which the new owner has no
+    socket for (keepalived has no connection handover; the speaker's handover forwarding avoids it)."""
+    ok = [(i, s["body"]) for i, s in enumerate(samples) if s["ok"]]
+    count = 0
+    for (i, before), (j, after) in zip(ok, ok[1:], strict=False):
+        if before != after:
+            count += sum("reset by peer" in samples[k]["body"] for k in range(i + 1, j))
+    return count
 
 
 def announcers(events: list[dict], vip: str, t0: float, host_of_mac: dict[str, str]) -> dict[str, float]:
