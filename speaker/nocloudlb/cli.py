@@ -159,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     sbp.add_argument("--socket", default=DEFAULT_SOCKET)
     sbp.add_argument("-c", "--config", default=DEFAULT_PATH)
     sbp.add_argument("--since", default="2h", help="journal since this long ago (journalctl syntax, e.g. 30min)")
+    sub.add_parser("bgp-guard", help="after a stop of the speaker (the unit's ExecStopPost): withdraw bgpd's "
+                   "networks unless the stop was clean and systemd restarts the speaker")
     a = p.parse_args(argv)
 
     if a.command == "speaker":
@@ -167,6 +169,12 @@ def main(argv: list[str] | None = None) -> int:
         return Speaker(a.config).run()
     if a.command == "status":
         return _status(a)
+    if a.command == "bgp-guard":
+        from . import logs
+        from .bgp.hold import guard
+
+        logs.setup("info", background=False)
+        return guard()
     if a.command in ("reload", "keys"):
         resp = _request(a.socket, {"cmd": a.command})
         print(json.dumps(resp, indent=2, sort_keys=True))

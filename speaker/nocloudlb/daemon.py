@@ -69,6 +69,7 @@ from typing import Any
 import kinship
 
 from . import logs, sdnotify
+from .bgp import hold
 from .config import SpeakerConfig
 from .configcheck import check_extra, health_specs, label_keys, local_services, metadata_problems, validate
 from .configstate import RESTART_FIELDS, ConfigState
@@ -311,12 +312,17 @@ class Speaker:
 
     def _shutdown(self) -> None:
         self.rt.stopping = True
-        logs.event(log, "speakerStopping", "withdrawing, then leaving the cluster so peers take over at once")
+        # a restart keeps the BGP routes for the next speaker (bgp/hold.py); the unit's ExecStopPost
+        # withdraws them if the stop was not clean or the start does not follow
+        kept = hold.kept_on_stop(self.rt.modes, self.fail.reason())
+        logs.event(log, "speakerStopping", "withdrawing, then leaving the cluster so peers take over at once",
+                   kept=sorted(kept))
         sdnotify.notify("STOPPING=1")
         # stop answering first: the successor announces when it sees us leave, and by then nobody
         # here answers any more (a stop costs a few ms of no answer, never two answers)
         for m in self.rt.modes:
-            m.withdraw_all()
+            if m.name not in kept:
+                m.withdraw_all()
         if self.rt.membership is not None:
             self.rt.membership.leave(timeout=1.0)
         if self.rt.heartbeat is not None:

@@ -430,6 +430,75 @@ for node in ("n1", "n3"):
     print(f"BGP clean stop of {node}'s speaker ({node_frr[node]}): its next hop was gone at r1, r2 and r3 when "
           f"systemctl stop returned ({took:.2f} s)", flush=True)
 
+
+# 8. restarts keep the routes; a kill withdraws (issue 22 part 4, bgp/hold.py) ------------------------
+def watch_hops(stop: threading.Event) -> tuple[list[threading.Thread], dict[str, dict]]:
+    """Read every router's FIB for WEB until ``stop``: samples, and those missing a node's next hop."""
+    seen: dict[str, dict] = {r: {"samples": 0, "short": 0, "missing": []} for r in ROUTERS}
+
+    def one(r: str) -> None:
+        while not stop.is_set():
+            h = hops(WEB, r)
+            seen[r]["samples"] += 1
+            if h != ALL:
+                seen[r]["short"] += 1
+                seen[r]["missing"] = (seen[r]["missing"] + [sorted(ALL - h)])[:5]
+            time.sleep(0.02)
+
+    threads = [threading.Thread(target=one, args=(r,)) for r in ROUTERS]
+    for th in threads:
+        th.start()
+    return threads, seen
+
+
+lab.exec("c2", ["rm", "-f", "/tmp/stop"])
+poller = lab.popen_exec("c2", ["python3", "-c", CLIENT, WEB, "0", "0.05", "/tmp/stop"])
+stop = threading.Event()
+watchers, seen = watch_hops(stop)
+time.sleep(1.0)
+t0 = time.monotonic()
+run = subprocess.run([f"{BIN}/ansible-playbook", *INVENTORY, f"{REPO}/playbooks/rolling_restart.yml",
+                      "-e", "nocloudlb_hosts=nodes"], capture_output=True, check=False, text=True, timeout=600)
+took = time.monotonic() - t0
+time.sleep(1.0)
+stop.set()
+for th in watchers:
+    th.join()
+lab.exec("c2", ["touch", "/tmp/stop"])
+out, _err = poller.communicate(timeout=30)
+polled = json.loads(out)
+check(run.returncode == 0, f"rolling_restart.yml failed: {run.stdout[-3000:]} {run.stderr[-2000:]}")
+JOURNAL = ["journalctl", "-u", "nocloudlb-speaker.service", "--since", f"-{int(took) + 5}s", "-o", "cat"]
+kept = sum("bgpRoutesKept" in lab.exec(n, JOURNAL).stdout for n in NODES)
+check(kept == len(NODES), f"rolling_restart.yml: {kept} of {len(NODES)} speakers logged bgpRoutesKept")
+for r, w in seen.items():
+    check(w["samples"] > 50 and w["short"] == 0, f"rolling restart: {r} lost a next hop of {WEB}: {w}")
+    matrix[r]["rolling_restart_samples_short"] = f"{w['short']}/{w['samples']}"
+check(not polled["failed"] and polled["total"] > 100, f"rolling restart lost requests: {polled}")
+figures["rolling_restart"] = {"seconds": round(took, 1), "requests": polled["total"], "failed": len(polled["failed"]),
+                              "fib_samples": {r: w["samples"] for r, w in seen.items()},
+                              "fib_samples_short": {r: w["short"] for r, w in seen.items()}}
+samples = ", ".join(f"{r} {w['short']} of {w['samples']}" for r, w in seen.items())
+print(f"BGP rolling_restart.yml ({took:.1f} s, {kept} speakers restarted, none drained): FIB samples without one "
+      f"of the 3 next hops of {WEB}: {samples}; {polled['total']} requests every 50 ms, {len(polled['failed'])} failed",
+      flush=True)
+
+
+def kill_speaker(node: str) -> dict[str, float | None]:
+    """kill -9 of the speaker alone: the unit's ExecStopPost (bgp-guard) withdraws, systemd restarts it."""
+    lab.exec(node, ["sh", "-c", "kill -9 $(systemctl show -p MainPID --value nocloudlb-speaker.service)"])
+    times = timed_all(lambda r: NODES[node] not in hops(WEB, r), 15)
+    check(None not in times.values(), f"kill -9 of {node}'s speaker: next hop gone at {fmt(times)}")
+    all_back(f"{node}'s speaker restarted by systemd")
+    for r, dt in times.items():
+        matrix[r][f"kill_speaker_{node}_s"] = round(dt or 0, 3)
+    return times
+
+
+for node in ("n1", "n3"):
+    print(f"BGP kill -9 of {node}'s speaker ({node_frr[node]}): next hop gone after {fmt(kill_speaker(node))} "
+          "(ExecStopPost bgp-guard); back once systemd restarted it", flush=True)
+
 print("BGP-MATRIX " + json.dumps({"nodes": node_frr, "routers": matrix}), flush=True)
 
 print("BGP-FIGURES " + json.dumps(figures), flush=True)

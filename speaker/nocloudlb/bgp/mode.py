@@ -197,6 +197,13 @@ class BgpMode:
             st.cond.notify_all()
         self.withdrawer.withdraw(None)
 
+    def keeps_routes(self) -> bool:
+        """Whether bgpd's networks may outlive a restart of the speaker (hold.py): FRR runs the config
+        this mode last decided (nothing pending, so no withdrawal either), none withdrawn, bgpd answers."""
+        st = self.state
+        with st.cond:
+            return st.applied is not None and not st.withdrawn and st.healthy is not False and not st.pending()
+
     def wait_sent(self, timeout: float = 1.0) -> bool:
         """Wait until bgpd has nothing left to advertise to any peer (``pfxSnt`` and ``outq`` 0 in its
         summary): after ``withdraw_all``, the withdrawal has left this node. bgpd holds a change about 50 ms

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -244,11 +245,9 @@ _AF_LINE = re.compile(r"^\s*address-family (ipv4|ipv6) unicast\s*$")
 _NETWORK_LINE = re.compile(r"^\s*network (\S+)\s*$")
 
 
-def strip_networks(text: str, gone: dict[tuple[str, int], dict[str, list[str]]] | None) -> str:
-    """``text`` (a frr.conf) without the ``network`` lines of ``gone`` (router key -> family ->
-    prefixes), each removed only under its own ``router bgp ASN [vrf V]`` and address family;
-    ``gone`` None: without every ``network`` line of every router and family."""
-    out = []
+def _walk(text: str) -> Iterator[tuple[str, tuple[str, int] | None, str, str]]:
+    """Each line of a frr.conf (or bgpd's running config) with the router (vrf, asn) and address
+    family it is under, and the prefix when it is a ``network`` line there ("" otherwise)."""
     key: tuple[str, int] | None = None
     fam = ""
     for line in text.splitlines(keepends=True):
@@ -262,10 +261,27 @@ def strip_networks(text: str, gone: dict[tuple[str, int], dict[str, list[str]]] 
         elif line.strip() == "exit-address-family":
             fam = ""
         elif (n := _NETWORK_LINE.match(line)) is not None and key is not None and fam:
-            if gone is None or n.group(1) in gone.get(key, {}).get(fam, ()):
-                continue
-        out.append(line)
-    return "".join(out)
+            yield line, key, fam, n.group(1)
+            continue
+        yield line, key, fam, ""
+
+
+def strip_networks(text: str, gone: dict[tuple[str, int], dict[str, list[str]]] | None) -> str:
+    """``text`` (a frr.conf) without the ``network`` lines of ``gone`` (router key -> family ->
+    prefixes), each removed only under its own ``router bgp ASN [vrf V]`` and address family;
+    ``gone`` None: without every ``network`` line of every router and family."""
+    return "".join(line for line, key, fam, prefix in _walk(text)
+                   if not prefix or (gone is not None and key is not None
+                                     and prefix not in gone.get(key, {}).get(fam, ())))
+
+
+def networks_in(text: str) -> dict[tuple[str, int], dict[str, list[str]]]:
+    """The ``network`` lines of a frr.conf or of bgpd's running config: router key -> family -> prefixes."""
+    out: dict[tuple[str, int], dict[str, list[str]]] = {}
+    for _line, key, fam, prefix in _walk(text):
+        if prefix and key is not None:
+            out.setdefault(key, {}).setdefault(fam, []).append(prefix)
+    return out
 
 
 def _neighbor(peer: BGPPeer, profiles: dict[str, BFDProfile]) -> dict[str, Any]:
