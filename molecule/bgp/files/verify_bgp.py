@@ -451,36 +451,70 @@ def watch_hops(stop: threading.Event) -> tuple[list[threading.Thread], dict[str,
     return threads, seen
 
 
-lab.exec("c2", ["rm", "-f", "/tmp/stop"])
-poller = lab.popen_exec("c2", ["python3", "-c", CLIENT, WEB, "0", "0.05", "/tmp/stop"])
-stop = threading.Event()
-watchers, seen = watch_hops(stop)
-time.sleep(1.0)
-t0 = time.monotonic()
-run = subprocess.run([f"{BIN}/ansible-playbook", *INVENTORY, f"{REPO}/playbooks/rolling_restart.yml",
-                      "-e", "nocloudlb_hosts=nodes"], capture_output=True, check=False, text=True, timeout=600)
-took = time.monotonic() - t0
-time.sleep(1.0)
-stop.set()
-for th in watchers:
-    th.join()
-lab.exec("c2", ["touch", "/tmp/stop"])
-out, _err = poller.communicate(timeout=30)
-polled = json.loads(out)
-check(run.returncode == 0, f"rolling_restart.yml failed: {run.stdout[-3000:]} {run.stderr[-2000:]}")
-JOURNAL = ["journalctl", "-u", "nocloudlb-speaker.service", "--since", f"-{int(took) + 5}s", "-o", "cat"]
-kept = sum("bgpRoutesKept" in lab.exec(n, JOURNAL).stdout for n in NODES)
-check(kept == len(NODES), f"rolling_restart.yml: {kept} of {len(NODES)} speakers logged bgpRoutesKept")
+def watched(argv: list[str], what: str) -> tuple[float, dict[str, dict], dict]:
+    """Run ``argv`` (an ansible-playbook) while every router's FIB is sampled and c2 GETs WEB every 50 ms."""
+    lab.exec("c2", ["rm", "-f", "/tmp/stop"])
+    poller = lab.popen_exec("c2", ["python3", "-c", CLIENT, WEB, "0", "0.05", "/tmp/stop"])
+    stop = threading.Event()
+    watchers, seen = watch_hops(stop)
+    time.sleep(1.0)
+    t0 = time.monotonic()
+    run = subprocess.run(argv, capture_output=True, check=False, text=True, timeout=900)
+    took = time.monotonic() - t0
+    time.sleep(1.0)
+    stop.set()
+    for th in watchers:
+        th.join()
+    lab.exec("c2", ["touch", "/tmp/stop"])
+    out, _err = poller.communicate(timeout=30)
+    polled = json.loads(out)
+    check(run.returncode == 0, f"{what} failed: {run.stdout[-3000:]} {run.stderr[-2000:]}")
+    journal = ["journalctl", "-u", "nocloudlb-speaker.service", "--since", f"-{int(took) + 5}s", "-o", "cat"]
+    kept = sum("bgpRoutesKept" in lab.exec(n, journal).stdout for n in NODES)
+    check(kept == len(NODES), f"{what}: {kept} of {len(NODES)} speakers logged bgpRoutesKept")
+    for r, w in seen.items():
+        check(w["samples"] > 50 and w["short"] == 0, f"{what}: {r} lost a next hop of {WEB}: {w}")
+    check(not polled["failed"] and polled["total"] > 100, f"{what} lost requests: {polled}")
+    figures[what] = {"seconds": round(took, 1), "requests": polled["total"], "failed": len(polled["failed"]),
+                     "fib_samples": {r: w["samples"] for r, w in seen.items()},
+                     "fib_samples_short": {r: w["short"] for r, w in seen.items()}}
+    return took, seen, polled
+
+
+def samples(seen: dict[str, dict]) -> str:
+    return ", ".join(f"{r} {w['short']} of {w['samples']}" for r, w in seen.items())
+
+
+took, seen, polled = watched([f"{BIN}/ansible-playbook", *INVENTORY, f"{REPO}/playbooks/rolling_restart.yml",
+                              "-e", "nocloudlb_hosts=nodes"], "rolling_restart")
 for r, w in seen.items():
-    check(w["samples"] > 50 and w["short"] == 0, f"rolling restart: {r} lost a next hop of {WEB}: {w}")
     matrix[r]["rolling_restart_samples_short"] = f"{w['short']}/{w['samples']}"
-check(not polled["failed"] and polled["total"] > 100, f"rolling restart lost requests: {polled}")
-figures["rolling_restart"] = {"seconds": round(took, 1), "requests": polled["total"], "failed": len(polled["failed"]),
-                              "fib_samples": {r: w["samples"] for r, w in seen.items()},
-                              "fib_samples_short": {r: w["short"] for r, w in seen.items()}}
-samples = ", ".join(f"{r} {w['short']} of {w['samples']}" for r, w in seen.items())
-print(f"BGP rolling_restart.yml ({took:.1f} s, {kept} speakers restarted, none drained): FIB samples without one "
-      f"of the 3 next hops of {WEB}: {samples}; {polled['total']} requests every 50 ms, {len(polled['failed'])} failed",
+print(f"BGP rolling_restart.yml ({took:.1f} s, {len(NODES)} speakers restarted, none drained): FIB samples without "
+      f"one of the 3 next hops of {WEB}: {samples(seen)}; {polled['total']} requests every 50 ms, "
+      f"{len(polled['failed'])} failed", flush=True)
+
+# 8b. a rolling upgrade: site.yml from a source whose version is bumped; the speaker role's handler
+# restarts one node at a time (throttle 1), each speaker leaving its routes to the new one
+UPGRADE = "0.1.1.dev1"
+src = "/tmp/nocloudlb-upgrade-src"
+subprocess.run(["rm", "-rf", src], check=True)
+os.makedirs(src)
+for part in ("pyproject.toml", "README.md", "speaker", "plugins"):
+    subprocess.run(["cp", "-a", f"{REPO}/{part}", src], check=True)
+for path in (f"{src}/pyproject.toml", f"{src}/speaker/nocloudlb/__init__.py"):
+    with open(path, encoding="utf-8") as fh:
+        text = fh.read()
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(text.replace('version = "0.1.0"', f'version = "{UPGRADE}"', 1)
+                 .replace('__version__ = "0.1.0"', f'__version__ = "{UPGRADE}"', 1))
+took, seen, polled = watched([f"{BIN}/ansible-playbook", *INVENTORY, f"{REPO}/playbooks/site.yml", "--limit", "nodes",
+                              "-e", f"nocloudlb_source_dir={src}"], "rolling_upgrade")
+versions = {n: json.loads(lab.exec(n, [CLI, "status", "-o", "json"]).stdout).get("version") for n in NODES}
+check(set(versions.values()) == {UPGRADE}, f"site.yml from {src}: the speakers run {versions}, want {UPGRADE}")
+for r, w in seen.items():
+    matrix[r]["rolling_upgrade_samples_short"] = f"{w['short']}/{w['samples']}"
+print(f"BGP rolling upgrade (site.yml, {took:.1f} s, every speaker now {UPGRADE}): FIB samples without one of the 3 "
+      f"next hops of {WEB}: {samples(seen)}; {polled['total']} requests every 50 ms, {len(polled['failed'])} failed",
       flush=True)
 
 
