@@ -458,7 +458,7 @@ def watched(argv: list[str], what: str) -> tuple[float, dict[str, dict], dict]:
     stop = threading.Event()
     watchers, seen = watch_hops(stop)
     time.sleep(1.0)
-    t0 = time.monotonic()
+    t0, since = time.monotonic(), int(time.time())
     run = subprocess.run(argv, capture_output=True, check=False, text=True, timeout=900)
     took = time.monotonic() - t0
     time.sleep(1.0)
@@ -469,7 +469,7 @@ def watched(argv: list[str], what: str) -> tuple[float, dict[str, dict], dict]:
     out, _err = poller.communicate(timeout=30)
     polled = json.loads(out)
     check(run.returncode == 0, f"{what} failed: {run.stdout[-3000:]} {run.stderr[-2000:]}")
-    journal = ["journalctl", "-u", "nocloudlb-speaker.service", "--since", f"-{int(took) + 5}s", "-o", "cat"]
+    journal = ["journalctl", "-u", "nocloudlb-speaker.service", "--since", f"@{since}", "-o", "cat"]
     kept = sum("bgpRoutesKept" in lab.exec(n, journal).stdout for n in NODES)
     check(kept == len(NODES), f"{what}: {kept} of {len(NODES)} speakers logged bgpRoutesKept")
     for r, w in seen.items():
