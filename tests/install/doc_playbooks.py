@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import os
 import re
 import secrets
 import subprocess
@@ -51,24 +52,32 @@ def selected(phase: str) -> list[Command]:
     return out
 
 
-def node(infra: Path, host: str, cmd: str) -> str:
-    """``cmd`` on a lab host, through ansible (the infra repository's inventory and connection)."""
-    r = subprocess.run(["ansible", host, "-m", "ansible.builtin.command", "-a", cmd], cwd=infra,
-                       capture_output=True, text=True, timeout=120, check=False)
-    if r.returncode:
-        raise SystemExit(f"doc_playbooks: `{cmd}` on {host} failed:\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
-    return r.stdout.split(">>", 1)[-1].strip()  # after "HOST | CHANGED | rc=0 >>"
+def on_nodes(infra: Path, cmd: str) -> dict[str, str]:
+    """``cmd`` on every lab node in one ad-hoc ``ansible`` run (the infra repository's inventory and
+    connection): node -> its stdout, read from the JSON callback."""
+    env = dict(os.environ, ANSIBLE_LOAD_CALLBACK_PLUGINS="1", ANSIBLE_STDOUT_CALLBACK="ansible.posix.json")
+    r = subprocess.run(["ansible", ":".join(NODES), "-m", "ansible.builtin.command", "-a", cmd], cwd=infra,
+                       capture_output=True, text=True, timeout=120, check=False, env=env)
+    try:  # the JSON document; a timing callback enabled by ansible.cfg may print after it
+        doc = json.JSONDecoder().raw_decode(r.stdout[r.stdout.index("{"):])[0]
+        hosts = doc["plays"][0]["tasks"][0]["hosts"]
+        out = {h: hosts[h]["stdout"].strip() for h in NODES if hosts[h].get("rc") == 0}
+    except (ValueError, KeyError, IndexError):
+        out = {}
+    if r.returncode or len(out) != len(NODES):
+        raise SystemExit(f"doc_playbooks: `{cmd}` on {', '.join(NODES)} failed:\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
+    return out
 
 
 def check(infra: Path, c: Command) -> str:
     """What the command must have done, checked on the nodes; a line saying what was seen."""
     if "--check" in c.cmd.split():
-        states = {h: node(infra, h, "systemctl is-active nocloudlb-speaker") for h in NODES}
+        states = on_nodes(infra, "systemctl is-active nocloudlb-speaker")
         if set(states.values()) != {"active"}:
             raise SystemExit(f"doc_playbooks: after `{c.cmd}` (check mode) the speakers are {states}")
         return "check mode: every speaker still active"
     if "nocloud.loadbalancer.rotate_key" in c.cmd:
-        ids = {h: json.loads(node(infra, h, "nocloudlb keys")).get("keyIds") for h in NODES}
+        ids = {h: json.loads(text).get("keyIds") for h, text in on_nodes(infra, "nocloudlb keys").items()}
         if len(set(map(tuple, ids.values()))) != 1 or len(ids["n1"]) != 1:
             raise SystemExit(f"doc_playbooks: after `{c.cmd}` the nodes' key ids are {ids}: expected one, alike")
         return f"one key id on every node: {ids['n1'][0]}"

@@ -31,6 +31,8 @@ from pathlib import Path
 from doc_commands import TOP, Command, commands
 
 DRAIN_LABEL = "node.kubernetes.io/exclude-from-external-load-balancers"
+#: the quickstart's fault line: ``$L fault -n l2 freeze OWNER``
+FREEZE = re.compile(r"\$L fault -n l2 freeze \w+$")
 
 
 def selected(cmds: list[Command]) -> list[Command]:
@@ -42,7 +44,7 @@ def selected(cmds: list[Command]) -> list[Command]:
         if c.reason is not None:
             continue
         if (c.cmd.startswith("L=") or re.match(r"\$L exec -n l2 \w+ -- \S", c.cmd)
-                or re.match(r"\$L fault -n l2 freeze \w+$", c.cmd)
+                or FREEZE.match(c.cmd)
                 or re.search(r"ansible-playbook .*nocloud\.loadbalancer\.drain ", c.cmd)):
             out.append(c)
     return out
@@ -152,7 +154,7 @@ def main() -> int:
     vip = next(v for v in st["vips"] if ":" not in v["ip"])
     owner = vip["leader"]
     watcher = next(n for n in ("n1", "n2", "n3") if n != owner)
-    fault = next(ln for ln in lines if re.match(r"\$L fault -n l2 freeze \w+$", ln))
+    fault = next(ln for ln in lines if FREEZE.match(ln))
     watch = subprocess.Popen([*L, "exec", "-n", a.lab, watcher, "--", nocloudlb, "status", "--watch",
                               "--interval", "0.25", "--count", "120"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True)
