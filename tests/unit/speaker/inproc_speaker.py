@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import base64
 import logging
+import os
 import random
 import signal
 import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -36,16 +37,22 @@ __all__ = ["Harness", "Journal", "RecordingAnnouncer", "RecordingDelivery", "ali
            "pool_docs", "run_loop", "service_doc", "vips_led", "wait_for"]
 
 
-def free_ports(n: int) -> list[int]:
+def free_ports(n: int, avoid: Iterable[int] = ()) -> list[int]:
     """``n`` distinct gossip ports on 127.0.0.1, each free for TCP and UDP with the next port (the heartbeats'
-    ``port + 1``) free for UDP too. Chosen below the kernel's ephemeral range (32768-60999): a port the kernel
-    handed out as free for UDP alone was once taken for TCP (a client's source port) before kinship bound it
-    ("Address already in use")."""
+    ``port + 1``) free for UDP too, and none next to a port of ``avoid`` (ports handed out before and perhaps
+    not bound yet). Chosen below the kernel's ephemeral range (32768-60999): a port the kernel handed out as
+    free for UDP alone was once taken for TCP (a client's source port) before kinship bound it ("Address
+    already in use"). Each pytest-xdist worker draws from a range of its own (gw0 20000-22999, gw1
+    23000-25999, ...), so two workers never pick the same port between its check and its bind."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    k = int(worker[2:]) % 4 if worker[2:].isdigit() else 0
+    low = 20000 + 3000 * k
     rng = random.Random()
+    taken = set(avoid)
     out: list[int] = []
     while len(out) < n:
-        port = rng.randrange(20000, 32000)
-        if port in out or port + 1 in out or port - 1 in out:
+        port = rng.randrange(low, low + 2998)
+        if taken & {port - 1, port, port + 1}:
             continue
         try:
             for p, kind in ((port, socket.SOCK_STREAM), (port, socket.SOCK_DGRAM), (port + 1, socket.SOCK_DGRAM)):
@@ -54,11 +61,12 @@ def free_ports(n: int) -> list[int]:
         except OSError:
             continue
         out.append(port)
+        taken.add(port)
     return out
 
 
-def free_port() -> int:
-    return free_ports(1)[0]
+def free_port(avoid: Iterable[int] = ()) -> int:
+    return free_ports(1, avoid)[0]
 
 
 def vips_led(nodes: list[str], per_node: int = 2) -> dict[str, str]:
@@ -153,7 +161,7 @@ class Harness:
 
     def port(self, name: str) -> int:
         if name not in self.ports:
-            self.ports[name] = free_port()
+            self.ports[name] = free_port(self.ports.values())
         return self.ports[name]
 
     def config(self, name: str, resources: list[dict], labels: dict | None = None, join: list[str] = (),
