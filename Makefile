@@ -17,7 +17,7 @@ APT_PACKAGES += graphviz
 # socat: the own-hosts test's ssh jump into the lab (tests/install/own_hosts.py).
 APT_PACKAGES += socat
 
-.PHONY: help deps venv router-tools lint unit fuzz fuzz-long sanity netns labtests molecule install-test own-hosts-test lab-images docs-check test lab lab-down bench bench-long bench-failover bench-side-by-side build clean chaos chaos-short chaos-partitions soak-bgp
+.PHONY: help deps venv router-tools lint unit fuzz fuzz-long sanity netns labtests molecule install-test own-hosts-test lab-images docs-check test lab lab-down bench bench-long bench-failover bench-side-by-side build clean chaos chaos-short chaos-partitions soak-bgp molecule-bgp-gobgp
 
 help:
 	@echo "make test   - install what is needed, then run lint, unit, sanity, namespace and molecule tests"
@@ -26,6 +26,7 @@ help:
 	@echo "make bench-long - membership (3-80 speakers) and site.yml (10-1,000 services) at size; writes docs/images"
 	@echo "make chaos  - every chaos fault on the lab; writes docs/chaos.md and docs/images/chaos-timeline.png"
 	@echo "make soak-bgp - BGP failing closed at length: frr-reload failing 60 s, 100 drains as the session comes up"
+	@echo "make molecule-bgp-gobgp - the BGP matrix's GoBGP column (nodes on FRR 8.4 and 10.3, GoBGP 3.10); about 6 min"
 	@echo "make chaos-partitions - the partition matrix (fast and lan); writes its block of docs/chaos.md"
 
 deps:
@@ -130,6 +131,11 @@ TEST_STEPS := unit+lab-images+sanity+lint+docs-check+fuzz netns labtests install
 	molecule-lab+molecule-default molecule-edges+molecule-dataplane molecule-keepalived+molecule-bgp chaos-short
 test: deps venv
 	$(PY) scripts/run-steps.py --title "make test" $(TEST_STEPS)
+
+# The BGP matrix's GoBGP column (docs/bgp.md, "Routers and FRR releases, measured"), outside
+# make test: gobgpd comes from the Debian package router-tools unpacks (copied into the router).
+molecule-bgp-gobgp: deps venv router-tools
+	molecule test -s bgp-gobgp
 
 # BGP failing closed at length (docs/bgp.md, "Failing closed"): frr-reload --reload failing for
 # 60 s after a withdrawal, and 100 drains right after the session comes up; about 12 min.
