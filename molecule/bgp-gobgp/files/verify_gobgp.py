@@ -18,6 +18,7 @@ import time
 LAB, REPO = sys.argv[1], sys.argv[2]
 sys.path.insert(0, f"{REPO}/roles/lab/files")
 import labctl  # noqa: E402
+from labctl import timed, wait_for  # noqa: E402
 
 lab = labctl.Lab(LAB)
 NODES = {"n1": "198.51.100.11", "n2": "198.51.100.12"}
@@ -61,20 +62,6 @@ def paths(prefix: str = WEB) -> list[dict]:
 
 def hops(prefix: str = WEB) -> set[str]:
     return {a["nexthop"] for p in paths(prefix) for a in p.get("attrs", []) if a.get("type") == 3}
-
-
-def wait_for(pred, timeout: float, step: float = 0.02):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(step)
-
-
-def timed(pred, timeout: float) -> float | None:
-    t0 = time.monotonic()
-    return time.monotonic() - t0 if wait_for(pred, timeout) else None
 
 
 def all_back(what: str, timeout: float = 90) -> None:

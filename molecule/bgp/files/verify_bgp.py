@@ -24,6 +24,7 @@ import time
 LAB, REPO = sys.argv[1], sys.argv[2]
 sys.path.insert(0, f"{REPO}/roles/lab/files")
 import labctl  # noqa: E402
+from labctl import timed, wait_for  # noqa: E402
 from nocloudlb.core.routes import kernel_next_hops  # noqa: E402
 
 lab = labctl.Lab(LAB)
@@ -148,20 +149,6 @@ def fmt(times: dict[str, float | None]) -> str:
 
 def sessions() -> dict[str, dict]:
     return vt("r1", "show bgp ipv4 unicast summary json").get("peers", {})
-
-
-def wait_for(pred, timeout: float, step: float = 0.02):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(step)
-
-
-def timed(pred, timeout: float) -> float | None:
-    t0 = time.monotonic()
-    return time.monotonic() - t0 if wait_for(pred, timeout) else None
 
 
 def client(ip: str, n: int, every: float = 0.0) -> dict:

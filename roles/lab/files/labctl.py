@@ -35,7 +35,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -185,6 +185,23 @@ def run(cmd: list[str], *, check: bool = True, input: str | None = None, timeout
         err = (res.stderr or "").strip() or (res.stdout or "").strip()
         raise LabError(f"command failed (rc={res.returncode}): {' '.join(cmd)}: {err}")
     return res
+
+
+def wait_for(pred: Callable[[], Any], timeout: float, step: float = 0.02) -> Any:
+    """Ask ``pred`` every ``step`` s until it answers something true, or ``timeout`` s have passed:
+    its last answer (for scripts that watch a lab, such as the molecule scenarios' verify)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(step)
+
+
+def timed(pred: Callable[[], Any], timeout: float, step: float = 0.02) -> float | None:
+    """Seconds until ``pred`` answered something true (``wait_for``), None when it never did."""
+    t0 = time.monotonic()
+    return time.monotonic() - t0 if wait_for(pred, timeout, step) else None
 
 
 def write_atomic(path: Path, text: str) -> None:

@@ -11,7 +11,8 @@ still has unless the stop was clean and a restart follows: a crash, ``kill -9``,
 stop that timed out or a start that failed all withdraw. A node that dies takes bgpd with it: the
 routers drop it at BFD speed, as before.
 
-``nocloudlb bgp-guard`` is ``guard``; the unit file runs it (roles/speaker).
+``nocloudlb bgp-guard`` is ``guard``; the frr role's drop-in for the speaker unit runs it
+(roles/frr/templates/speaker-frr.conf.j2).
 """
 
 from __future__ import annotations
