@@ -216,6 +216,11 @@ class Speaker:
         host, _sep, port = settings.bind.rpartition(":")
         hb = Heartbeat(settings.name, host.strip("[]"), int(port) + offset, self.config.keys, interval, miss,
                        on_change=self.post, logger=logging.getLogger("nocloudlb.heartbeat"))
+        if self.rt.quorum is not None:
+            # the configured members from the start: before gossip's first list a node alone counted 1 of 1,
+            # "gained" quorum, lost it at the list, and its next gain armed the settling of a quorum gained back
+            # (l2/disagree.py): a takeover within ~1 s of start waited that out (a SIGTERM's successor: 0.3-1 s)
+            hb.set_quorum_basis(self.rt.quorum.configured(), 1)
         try:
             hb.start()
         except OSError as exc:

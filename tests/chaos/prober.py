@@ -5,9 +5,14 @@
 Usage: python3 prober.py IFACE INTERVAL UNTIL STOPFILE VIP=PORT [VIP=PORT ...]
 
 Every INTERVAL seconds it asks for every VIP, twice 20 ms apart: an ARP request (IPv4) or a
-neighbour solicitation (IPv6), and prints one line per round with every MAC that answered each
-VIP within the round: {"k": "arp", "t": <send time>, "a": {vip: [mac, ...]}}. Only replies sent
-to this client count (a gratuitous announcement is not an answer). Beside it one thread per VIP
+neighbour solicitation (IPv6), and prints one line per round: {"k": "arp", "t": <send time>,
+"a": {vip: [mac, ...]}, "a1": {...}, "a2": {...}}. ``a1`` and ``a2`` are the MACs that answered the
+first and the second request (a reply counts for the first until the second is sent). ``a`` is who
+answers in that round: the MACs of a request that two or more answered (two owners at once), else the
+second request's answer, else the first's. So a clean move between the two requests (the old owner
+answers the first, the new one the second, as a hand-off that makes before it breaks does now and
+then) is the new owner, not two owners. Only replies sent to this client count (a gratuitous
+announcement is not an answer). Beside it one thread per VIP
 fetches http://VIP:PORT/ every 0.25 s (1 s timeout; each node's web root names the node) and
 prints {"k": "http", "t": ..., "ip": vip, "ok": bool, "body": node or error}.
 """
@@ -102,7 +107,8 @@ def main() -> int:
 
     while time.time() < until and not os.path.exists(stop):
         t0 = time.time()
-        answers: dict[str, set[str]] = {ip: set() for ip in targets}
+        first: dict[str, set[str]] = {ip: set() for ip in targets}
+        slots = (first, {ip: set() for ip in targets})  # the answers to the first request, to the second
         send_all()
         second = t0 + 0.02
         end = t0 + interval
@@ -114,6 +120,7 @@ def main() -> int:
             if now >= end:
                 break
             ready = select.select([arp, icmp], [], [], min(end, second or end) - now)[0]
+            answers = slots[0] if second else slots[1]  # the second request is out once ``second`` is 0
             for sock in ready:
                 if sock is arp:
                     data = arp.recv(128)
@@ -135,7 +142,11 @@ def main() -> int:
                         if opts[0] == 2:  # target link-layer address
                             answers[target_ip].add(mac_text(opts[2:8]))
                         opts = opts[opts[1] * 8:]
-        emit({"k": "arp", "t": t0, "a": {ip: sorted(m) for ip, m in answers.items()}})
+        first, last = slots
+        who = {ip: sorted(first[ip] if len(first[ip]) > 1 and len(last[ip]) < 2 else last[ip] or first[ip])
+               for ip in targets}
+        emit({"k": "arp", "t": t0, "a": who, "a1": {ip: sorted(m) for ip, m in first.items()},
+              "a2": {ip: sorted(m) for ip, m in last.items()}})
     return 0
 
 

@@ -333,8 +333,10 @@ class L2Agent:
             raise NetnsError(f"l2 agent in {self.ns}: {req} -> {out}")
         return out
 
-    def set(self, vips: dict[str, list[str]], skip_check: Sequence[str] = ()) -> None:
-        self.call(cmd="set", vips=vips, skip_check=list(skip_check))
+    def set(self, vips: dict[str, list[str]], skip_check: Sequence[str] = (),
+            hand_off: dict[str, list[str]] | None = None, hand_off_seconds: float = 2.5) -> None:
+        self.call(cmd="set", vips=vips, skip_check=list(skip_check), hand_off=hand_off or {},
+                  hand_off_seconds=hand_off_seconds)
 
     def stats(self) -> dict:
         return self.call(cmd="stats")["stats"]

@@ -340,3 +340,32 @@ class Capture:
     def icmp_replies(self, ip: str, after: float = 0.0) -> list[dict]:
         return [x for x in self.lines() if x["ts"] >= after and f"{ip} > " in x["rest"]
                 and "echo reply" in x["rest"]]
+
+
+class VipWatch:
+    """Slow HTTP servers on every node (start_slow_http), a client that asks who answers ARP for every VIP
+    every ``interval`` s into ``samples`` (arp_sampler.py) and GETs each VIP back to back for ``seconds``;
+    ready once every VIP is served by its leader (``vips``)."""
+
+    def __init__(self, c: SpeakerCluster, vips: dict[str, str], samples: Path, interval: float, window: float,
+                 seconds: float) -> None:
+        start_slow_http(c)
+        self.samples = samples
+        sampler_py = Path(__file__).resolve().parent / "arp_sampler.py"
+        with open(samples, "w") as fh:  # the child keeps its own descriptor
+            self.sampler = c.seg.popen(c.seg.client.ns, [sys.executable, "-u", str(sampler_py), "eth0",
+                                                         str(interval), str(window), *sorted(vips)], stdout=fh)
+        self.polls = {ip: HttpPoller(c.seg, f"http://{ip}:8090/", seconds) for ip in vips}
+        for ip, leader in vips.items():
+            c.wait(lambda ip=ip, leader=leader: self.polls[ip].served_by(leader, 0), 20, f"{ip} served by {leader}")
+
+    def stop(self, t0: float, t_end: float) -> tuple[dict[str, list], dict[str, list[dict]]]:
+        """Stop the sampler and the GETs; (ARP samples per VIP, failed GETs per VIP) from ``t0`` to ``t_end``."""
+        import arp_sampler  # noqa: PLC0415 - beside this module, only the tests that watch need it
+
+        self.sampler.send_signal(signal.SIGTERM)
+        self.sampler.wait(timeout=5)
+        for p in self.polls.values():
+            p.stop()
+        failed = {ip: [f for f in p.failed if t0 <= f["t"] <= t_end] for ip, p in self.polls.items()}
+        return arp_sampler.load(self.samples, t0, t_end), failed

@@ -302,6 +302,57 @@ def test_skip_check_announces_immediately(lab):
     assert list(who_has(seg, VIP4, count=2, wait=0.3)) == [n1.mac]
 
 
+def _wait_handed(agent: L2Agent, ips: set[str], timeout: float = 3.0) -> None:
+    deadline = time.monotonic() + timeout
+    while set(agent.stats()["handing_off"]) & ips:
+        assert time.monotonic() < deadline, agent.stats()["handing_off"]
+        time.sleep(0.02)
+
+
+def test_hand_off_answers_until_the_taker_announces(lab):
+    """A planned move makes before it breaks (l2/handoff.py): the node giving an address up keeps answering
+    it (IPv4 and IPv6) until the taker's MAC announces it, then stops on that frame; without that
+    announcement it answers until the bound; given back meanwhile it is answered and announced again;
+    ``end_handoffs`` (the daemon failing closed) silences every hand-off at once."""
+    seg = lab
+    n1, n2, n3 = seg.hosts
+    old = L2Agent(seg, n2.ns, "n2")
+    old.set({VIP4: [], VIP6: [], VIP4B: [], VIP6B: []}, skip_check=[VIP4, VIP6, VIP4B, VIP6B])
+    old.set({}, hand_off={VIP4: [n1.mac], VIP6: [n1.mac], VIP4B: [n3.mac], VIP6B: [n3.mac]}, hand_off_seconds=30)
+    st = old.stats()
+    assert st["announced"] == {} and st["handing_off"] == sorted([VIP4, VIP6, VIP4B, VIP6B]), st
+    seen = who_has_many(seg, [VIP4, VIP6, VIP4B], count=2, wait=0.3)
+    assert {ip: list(m) for ip, m in seen.items()} == {VIP4: [n2.mac], VIP6: [n2.mac], VIP4B: [n2.mac]}, seen
+    # the taker announces (gratuitous ARP, unsolicited NA): the giver stops, only the taker answers
+    new = L2Agent(seg, n1.ns, "n1")
+    new.set({VIP4: [], VIP6: []}, skip_check=[VIP4, VIP6])
+    _wait_handed(old, {VIP4, VIP6})
+    seen = who_has_many(seg, [VIP4, VIP6], count=2, wait=0.3)
+    assert list(seen[VIP4]) == [n1.mac] and list(seen[VIP6]) == [n1.mac], seen
+    assert old.stats()["handing_off"] == sorted([VIP4B, VIP6B])
+    # given back while handed off (its taker never came): answered as before, no check, announced again
+    before = old.stats()["gratuitous_sent"].get(VIP4B, 0)
+    old.set({VIP4B: []})
+    st = old.wait_state(VIP4B, "announcing", timeout=1)
+    assert VIP4B not in st["handing_off"] and list(who_has(seg, VIP4B, count=2, wait=0.3)) == [n2.mac]
+    deadline = time.monotonic() + 2
+    while old.stats()["gratuitous_sent"].get(VIP4B, 0) <= before:
+        assert time.monotonic() < deadline, "no gratuitous ARP after the address was given back"
+        time.sleep(0.05)
+    # no announcement from the taker: answered until the bound, then silent
+    t0 = time.monotonic()
+    old.set({}, hand_off={VIP4B: [n3.mac]}, hand_off_seconds=0.6)
+    assert list(who_has(seg, VIP4B, count=1, wait=0.1)) == [n2.mac]
+    _wait_handed(old, {VIP4B})
+    assert 0.5 <= time.monotonic() - t0 < 3.0, time.monotonic() - t0
+    assert who_has(seg, VIP4B, count=2, wait=0.3) == {}
+    # failing closed ends every hand-off at once
+    assert old.stats()["handing_off"] == [VIP6B]
+    old.call(cmd="end_handoffs")
+    assert old.stats()["handing_off"] == [] and who_has(seg, VIP6B, count=2, wait=0.3) == {}
+    assert old.conflicts() == [] and new.conflicts() == []
+
+
 def test_check_waits_for_a_member_still_answering_then_announces_at_its_silence(lab):
     """Take-back from a member that holds the address now (a restarted node preempting, a VIP taken back
     after a false suspicion): the member's answers are a handover, not a conflict, and the new owner

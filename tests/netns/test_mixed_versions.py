@@ -16,11 +16,11 @@ install).
   alone); then the same back, node by node, to the previous release. Throughout, a client asks ARP
   for every VIP every 0.1 s and records every MAC that answers (arp_sampler.py), and GETs every VIP
   back to back. No sample may have two owners. Every sample has exactly one, except around the VIP's
-  own leader's drain (the milliseconds between its withdrawal and the next node's announcement, which
-  a sample catches now and then) and its undrain: the interim owner withdraws first and the node
-  announces once its handover forwarding toward the interim owner is in place (a VIP gained from a
-  member seen leading it skips the RFC 5227 check), a no-answer window of at most one 0.1 s sample
-  in the runs here (0.3-0.5 s with a bare SIGTERM restart, which does run the check). No GET fails: at
+  own leader's drain and undrain when the node giving the VIP up runs the previous release: it stops
+  answering at its decision, and the taker announces once its handover forwarding is in place, a
+  no-answer window a 0.1 s sample catches now and then (at most one per move here). This code hands the
+  VIP off instead (l2/handoff.py: it answers until the taker announces), so a move whose giver is new
+  leaves no such window (tests/netns/test_l2_handoff.py measures it every 20 ms). No GET fails: at
   each move the new owner passes the connections in flight on to the node giving the VIP up
   (handover forwarding, which both versions run, whichever side is old). While the cluster is mixed,
   the new members' status answers, and ``nocloudlb status --cluster`` asked of a new member, show
@@ -43,14 +43,13 @@ from nocloudlb import WIRE_VERSION, __version__
 from nocloudlb.core.election import DRAIN_LABEL
 from nocloudlb.membership import generate_key
 from previous_release import check_tree, env_for, materialise, previous
-from speaker_harness import HttpPoller, SpeakerCluster, pool_docs, service_doc, spread_vips, start_slow_http
+from speaker_harness import HttpPoller, SpeakerCluster, VipWatch, pool_docs, service_doc, spread_vips
 
 pytestmark = pytest.mark.timeout(600)
 NODES = ["n1", "n2", "n3"]
 INTERVAL, WINDOW = 0.1, 0.08
 #: rolling_restart.yml's grace_period: the drained node serves the connections passed on to it meanwhile
 GRACE = 2.0
-SAMPLER = Path(__file__).resolve().parent / "arp_sampler.py"
 #: The longest no-answer window allowed, and only on the restarted node's own VIP while it takes it back:
 #: the interim owner withdraws, then the node runs its RFC 5227 check (about 0.3 s) before it announces.
 #: Measured 0.3-0.5 s, the same with the previous release alone on every node.
@@ -227,15 +226,9 @@ def test_rolling_upgrade_and_rollback_keep_one_owner_per_vip(make_segment, tmp_p
     c.start_all(timeout=40)
     settle(c, vips, "start (all previous release)")
     check_mixed(c, set(), "all old")
-    start_slow_http(c)
     samples = tmp_path / "samples.jsonl"
-    fh = open(samples, "w")  # noqa: SIM115 - handed to the child
-    sampler = c.seg.popen(c.seg.client.ns, [sys.executable, "-u", str(SAMPLER), "eth0", str(INTERVAL),
-                                            str(WINDOW), *sorted(vips)], stdout=fh)
-    fh.close()
-    polls = {ip: HttpPoller(c.seg, f"http://{ip}:8090/", 900) for ip in vips}
-    for ip, leader in vips.items():
-        c.wait(lambda ip=ip, leader=leader: polls[ip].served_by(leader, 0), 20, f"{ip} served by {leader}")
+    watch = VipWatch(c, vips, samples, INTERVAL, WINDOW, 900)
+    polls = watch.polls
     t0 = time.time()
     steps, mixed_lines = [], []
     new: set[str] = set()
@@ -251,14 +244,8 @@ def test_rolling_upgrade_and_rollback_keep_one_owner_per_vip(make_segment, tmp_p
         c.wait(lambda ip=ip, leader=leader: polls[ip].served_by(leader, steps[-1]["settled"]), 15,
                f"{ip} served by {leader} at the end")
     t_end = time.time()
-    sampler.send_signal(signal.SIGTERM)
-    sampler.wait(timeout=5)
-    for p in polls.values():
-        p.stop()
-
-    per_vip = arp_sampler.load(samples, t0, t_end)
+    per_vip, failed = watch.stop(t0, t_end)  # failed GETs: not the start-up's
     counts = {ip: {k: sum(1 for _t, m in smp if min(len(m), 2) == k) for k in (0, 1, 2)} for ip, smp in per_vip.items()}
-    failed = {ip: [f for f in p.failed if t0 <= f["t"] <= t_end] for ip, p in polls.items()}  # not the start-up's
     gaps = {ip: arp_sampler.longest(smp, (len(m) == 0 for _t, m in smp), t_end) for ip, smp in per_vip.items()}
     phase = {"handover": 0, "take-back": 0}  # no-owner samples: the leader's drain, its take-back (undrain)
     stray = []

@@ -1,7 +1,9 @@
 """Run the layer-2 responder alone, driven by JSON lines on stdin (for tests and debugging).
 
     python -m nocloudlb.l2 serve [--node N] [--options JSON] [--member-mac MAC ...]
-        stdin:  {"cmd": "set", "vips": {"198.51.100.200": []}, "skip_check": []}
+        stdin:  {"cmd": "set", "vips": {"198.51.100.200": []}, "skip_check": [],
+                 "hand_off": {ip: [MAC, ...]}, "hand_off_seconds": S}  (hand_off and its bound optional)
+                {"cmd": "end_handoffs"}
                 {"cmd": "stats"} | {"cmd": "conflicts"} | {"cmd": "quit"}
                 {"cmd": "lease", "seconds": S}: renew the answering lease for S seconds (0: let it run out now)
                 {"cmd": "busy", "seconds": S, "toggle": [ip, ...]}: for S seconds, keep the announcer
@@ -66,7 +68,13 @@ def _serve(args: argparse.Namespace) -> int:
                 req = json.loads(line)
                 cmd = req.get("cmd")
                 if cmd == "set":
-                    ann.set_announced(req["vips"], req.get("skip_check", ()))
+                    hand = {ip: [bytes.fromhex(m.replace(":", "")) for m in macs]
+                            for ip, macs in req.get("hand_off", {}).items()}
+                    ann.set_announced(req["vips"], req.get("skip_check", ()), hand_off=hand,
+                                      hand_off_seconds=float(req.get("hand_off_seconds", 2.5)))
+                    out = {"ok": True}
+                elif cmd == "end_handoffs":
+                    ann.end_handoffs()
                     out = {"ok": True}
                 elif cmd == "stats":
                     out = {"ok": True, "stats": ann.stats()}

@@ -32,6 +32,9 @@ Lifecycle of an address given to ``set_announced``::
     announcing: answer requests; gratuitous ARP (request + reply form) / unsolicited NA with
                 the override flag now, then ``garp_rounds - 1`` more rounds ``garp_interval`` apart
     ip no longer given ─► forgotten at once (no more answers, queued gratuitous frames dropped)
+    ip no longer given, in hand_off ─► handing off: answered (no more gratuitous frames) until one of
+                the taker's MACs announces it (a planned move: make before break) or ``hand_off_seconds``
+                pass; given again meanwhile, it is answered on as before and announced again
     reannounce(ips): an announcing ip starts its gratuitous schedule again from round 0 (no check)
 
 Why ``skip_check``: the check exists for addresses nobody in the cluster announced
@@ -90,7 +93,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from prometheus_client import REGISTRY, CollectorRegistry
 
@@ -220,11 +223,17 @@ class L2Announcer:
             self._poller.close()
             self._loop.thread = None
 
-    def set_announced(self, vips: dict[str, list[str]], skip_check: Iterable[str] = ()) -> None:
+    #: the daemon may pass ``hand_off`` to set_announced (test doubles of the announcer do not take it)
+    hands_off = True
+
+    def set_announced(self, vips: dict[str, list[str]], skip_check: Iterable[str] = (),
+                      hand_off: Mapping[str, Iterable[bytes]] | None = None, hand_off_seconds: float = 2.5) -> None:
         """Make ``vips`` (ip -> interfaces, [] = every eligible one) the announced set.
 
-        Addresses not in ``vips`` are withdrawn at once. New ones are checked for
-        conflicts first unless listed in ``skip_check`` (see the module docstring).
+        Addresses not in ``vips`` are withdrawn at once, except those in ``hand_off`` (ip -> the MACs of
+        the member taking it): each is still answered until one of those MACs announces it, at most
+        ``hand_off_seconds`` (hand-offs already running go on; ``end_handoffs`` ends them all). New ones
+        are checked for conflicts first unless listed in ``skip_check`` (see the module docstring).
         Raises ValueError naming the first invalid address or interface list.
         """
         wanted, parsed = parse_wanted(vips, self._table.vips)
@@ -237,10 +246,19 @@ class L2Announcer:
             if self._loop.thread is not None and any(n not in self._links.ifaces for n in named):
                 self._loop.rescan()  # an interface named for the first time (or just created)
             for ip in [ip for ip in self._table.vips if ip not in wanted]:
-                self._table.withdraw(ip)
+                macs = frozenset(hand_off.get(ip, ())) if hand_off else frozenset()
+                if macs:
+                    self._table.hand_off(ip, macs, hand_off_seconds)
+                else:
+                    self._table.withdraw(ip)
             now = time.monotonic()
             for ip, want_ifs in wanted.items():
                 vip = self._table.vips.get(ip)
+                if vip is None and self._table.handing:
+                    vip = self._table.resume(ip)
+                    if vip is not None:  # taken back while being handed off: answered as before, announced
+                        # again at once (a client may have followed the taker, if its announcement went unseen)
+                        self._lifecycle.start_series(vip, now, urgent=True)
                 if vip is None:
                     vip = self._table.add(ip, *parsed[ip], want_ifs)
                     if ip in skip or self._lifecycle.check_probes == 0:
@@ -251,6 +269,19 @@ class L2Announcer:
                     vip.wanted = want_ifs
                     self._lifecycle.apply_ifaces(vip, set(self._links.resolve(vip)), now)
         self._loop.wake()
+
+    def end_handoffs(self) -> None:
+        """Stop answering every address being handed off, now (the daemon fails closed, or stops)."""
+        with self._lock:
+            self._table.end_handoffs()
+            self._lifecycle.log_handoffs()
+        self._loop.wake()
+
+    def handing_off(self) -> dict[str, float]:
+        """Addresses being handed off: ip -> seconds since the hand-off began."""
+        now = time.monotonic()
+        with self._lock:
+            return {ip: round(now - h.since, 3) for ip, h in self._table.handing.items()}
 
     def reannounce(self, ips: Iterable[str]) -> list[str]:
         """Send the gratuitous ARP / unsolicited NA schedule again for those of ``ips`` being announced.
@@ -338,6 +369,7 @@ class L2Announcer:
                 "vips": {ip: {"state": v.state, "interfaces": sorted(v.ifaces)} for ip, v in vips.items()},
                 "announced": {ip: sorted(v.ifaces) for ip, v in vips.items() if v.state == "announcing"},
                 "conflicts": len(self._table.conflicts),
+                "handing_off": sorted(self._table.handing),
                 "member_waits": self._lifecycle.member_waits,
                 "requests_received": dict(self._counts["requests_received"]),
                 "responses_sent": dict(self._counts["responses_sent"]),

@@ -1,7 +1,8 @@
 """What the announcer does with an ARP or NDP frame: answer it while no responder child has the
 whole state (its sockets take ARP/NDP only then), and, always, watch for other MACs: an answer
 for an address under check is a conflict (or a member handing over, waited out), an announcement
-by another MAC of an address this node answers is a contest for the daemon's wire rule.
+by another MAC of an address this node answers is a contest for the daemon's wire rule, or, from the
+member an address is being handed off to, the end of that hand-off (vips.py).
 
 Part of the announcer (announcer.py), run on its event loop thread with its lock held. Frames come
 from this thread's own sockets (``receive``) or from the responder's reports (supervisor.py).
@@ -109,9 +110,11 @@ class Answerer:
     def _saw_claim(self, packed: bytes, mac: bytes) -> None:
         if self.links.own_mac(mac):
             return
+        ip = socket.inet_ntop(socket.AF_INET if len(packed) == 4 else socket.AF_INET6, packed)
+        if self.table.claimed(ip, packed, mac):
+            return  # the member it was handed off to announced it: not a contest
         self.claims_seen += 1
         if self.on_contest is not None:
-            ip = socket.inet_ntop(socket.AF_INET if len(packed) == 4 else socket.AF_INET6, packed)
             self.on_contest(ip, mac)
 
     def _saw_conflict(self, vip: Vip, mac: bytes, iface: str) -> None:

@@ -1,6 +1,7 @@
 """The timed life of each address the announcer was given (see announcer.py's module docstring):
 the RFC 5227 check (probes, then a decision), the gratuitous ARP/NA rounds of an address being
-announced, and the re-check of an address in conflict, on one timer heap.
+announced, and the re-check of an address in conflict, on one timer heap; and the deadline of each
+hand-off (vips.py), ended here when the member taking the address never announced it.
 
 Part of the announcer, run by its event loop with its lock held: ``run_timers`` does what is due,
 queueing probes and gratuitous frames on the interfaces' transmit queues (sent by pacing.py).
@@ -15,10 +16,16 @@ import logging
 import time
 from typing import Any
 
+from prometheus_client import Counter
+
 from . import arp, ndp
 from .links import Links
 from .tables import Iface, Vip
 from .vips import VipTable
+
+HANDOFFS = Counter("nocloudlb_layer2_handoffs", "Addresses handed off in a planned move, by how the hand-off ended "
+                   "(announced: the taker announced it; timeout: it did not within the bound; withdrawn: "
+                   "this node withdrew everything)", ["outcome"])
 
 
 class Lifecycle:
@@ -44,7 +51,11 @@ class Lifecycle:
         self._seq = 0
 
     def next_due(self) -> float | None:
-        return self.heap[0][0] if self.heap else None
+        due = self.heap[0][0] if self.heap else None
+        if self.table.handing:
+            until = self.table.handoff_due()
+            due = until if due is None or (until is not None and until < due) else due
+        return due
 
     def schedule(self, due: float, action: str, vip: Vip, arg: tuple = ()) -> None:
         self._seq += 1
@@ -133,6 +144,17 @@ class Lifecycle:
                 self.begin_check(vip, now)
             elif action == "garp" and vip.state == "announcing":
                 self._garp(vip, arg, now)
+        if self.table.handing:
+            self.table.expire_handoffs(now)
+        self.log_handoffs()
+
+    def log_handoffs(self) -> None:
+        """Log and count the hand-offs that ended since the last call."""
+        ended, self.table.handoffs_ended = self.table.handoffs_ended, []
+        for ip, how, took in ended:
+            HANDOFFS.labels(how).inc()
+            self.log.log(logging.INFO if how != "timeout" else logging.WARNING, "vipHandedOff",
+                         extra={"event": "vipHandedOff", "ip": ip, "outcome": how, "ms": round(took * 1000, 1)})
 
     def _probe(self, vip: Vip, n: int, now: float) -> None:
         vip.probe_no = n

@@ -6,8 +6,9 @@
    the core), gated by the speaker (``notReady`` before the first join, ``joinRefused`` when peers
    refuse our gossip);
 2. withdraw first: VIPs this node no longer leads stop being answered at once
-   (``L2Announcer.set_announced``); the end of their handover forwarding is queued for the
-   forwarder's worker (nft never runs on this thread);
+   (``L2Announcer.set_announced``), except those a live member takes in a planned move: they are
+   handed off, answered until that member announces them (handoff.py: make before break); the end
+   of their handover forwarding is queued for the forwarder's worker (nft never runs on this thread);
 3. ``delivery.sync_lo_vips`` with every VIP this node may serve (its L2Advertisements select it),
    then announce: a VIP is announced only once it is on ``lo`` (if adding it fails, it is not
    announced); a VIP taken over from a live member (a planned move) is announced once its
@@ -36,7 +37,8 @@ peer (``memberRecovered``) moved nothing and re-announces nothing.
 
 The parts, each in its own module; ``L2Mode`` composes them and runs the steps above in order:
 plan.py (step 1: the election's answer as rows and what to announce), forwarding.py (handover
-forwarding of planned moves), arpguard.py (fail closed on wrong ARP sysctls), macmeta.py (the
+forwarding of planned moves), handoff.py (what the side giving a VIP up answers until the taker
+announces), arpguard.py (fail closed on wrong ARP sysctls), macmeta.py (the
 MACs published and the members'), rows.py (the rows and the L2 layer's overlay), rowlog.py (the
 log of changes), heal.py (what a heal re-announces), lohold.py (the VIPs held on lo).
 """
@@ -61,6 +63,7 @@ from .. import logs
 from .arpguard import ArpGuard
 from .disagree import WireRule
 from .forwarding import Forwarding
+from .handoff import HANDOFF_MAX, handoffs
 from .heal import heal_picks
 from .lohold import LoHold
 from .macmeta import MacMeta
@@ -221,7 +224,14 @@ class L2Mode:
         # 1. withdraw first: stop answering for what this node no longer leads, before anything slow
         kept = {ip: ifs for ip, ifs in self._announced.items() if ip in final}
         if len(kept) != len(self._announced):
-            self.announcer.set_announced(kept)
+            handing = {}
+            if getattr(self.announcer, "hands_off", False) and not self.arp_unsafe:
+                handing = handoffs((ip for ip in self._announced if ip not in final), rows, me, states,
+                                   self._member_macs(), quorum)
+            if handing:
+                self.announcer.set_announced(kept, hand_off=handing, hand_off_seconds=HANDOFF_MAX)
+            else:
+                self.announcer.set_announced(kept)
             self._announced = kept
         self._fwd.drop_lost(final, {r.ip: r.leader for r in rows}, states)
 
@@ -300,6 +310,8 @@ class L2Mode:
     def withdraw_all(self) -> None:
         self._applied = None  # the next apply runs in full
         self.announcer.set_announced({})
+        if hasattr(self.announcer, "end_handoffs"):
+            self.announcer.end_handoffs()  # fail closed: nothing answered, hand-offs included
         self._announced = {}
         self._fwd.withdraw_all()
         with self._lock:
@@ -314,6 +326,7 @@ class L2Mode:
                 "conflicts": sorted(l2.conflicts.values(), key=lambda c: c["ip"]),
                 "announced": sorted(self._announced) if len(self._announced) <= 1000 else len(self._announced),
                 "forwarding": fwd,
+                "handingOff": getattr(self.announcer, "handing_off", dict)(),  # answered until the taker announces
                 "responder": getattr(self.announcer, "responder_status", dict)(),  # answer: alarm when not up
                 "interfaces": getattr(self.announcer, "interface_report", dict)(),  # issue 20 part 6
                 "quorum": self.quorum(), "wire": self.wire.status(),

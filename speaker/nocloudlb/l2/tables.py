@@ -64,4 +64,5 @@ class Vip:
     probes_pending: int = 0
     check_started: float = 0.0
     member_answered: bool = False  # a member's MAC answered a probe of this check round
+    claimed: tuple[bytes, float] | None = None  # the last other MAC seen announcing it while announced here, when
     series: int = 0  # the gratuitous schedule in force; a re-announcement starts a new one

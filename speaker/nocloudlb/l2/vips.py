@@ -4,10 +4,19 @@ by the responder process), the conflicts found, and which interface answers whic
 Part of the announcer (announcer.py), used with its lock held. Starting or stopping to answer an
 address is told to the responder child at once and, for IPv6, joins or leaves its solicited-node
 group (mcast.py).
+
+Hand-offs: an address leaving the set in a planned move (``hand_off``) is not withdrawn at once: it is
+still answered (never announced again) until the member taking it announces it from one of its
+MACs, seen by the responder child (which stops answering on that very frame, ``H``) or by the
+announcer in the child's place, or until its deadline. It is then withdrawn as any other address.
+Given again meanwhile, it is answered on as before (``resume``): no check; the announcer starts its
+gratuitous frames again.
 """
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
 from typing import Any
 
 from . import ndp
@@ -17,6 +26,14 @@ from .mcast import Groups
 from .tables import Vip, Watched
 
 Wanted = dict[str, tuple[str, ...]]  # ip -> interface names (() : every eligible one)
+
+
+@dataclass
+class Handoff:
+    vip: Vip
+    macs: frozenset[bytes]  # the taker's MACs: its announcement ends the hand-off
+    since: float
+    until: float
 
 
 def parse_wanted(vips: dict[str, list[str]], known: dict[str, Vip]) -> tuple[Wanted, dict[str, tuple[bytes, int]]]:
@@ -52,6 +69,9 @@ class VipTable:
         self.checking: dict[bytes, Vip] = Watched(self._watch_changed)
         self.conflicts: dict[str, dict] = {}
         self.gen = 0
+        self.handing: dict[str, Handoff] = {}  # ip -> its hand-off in progress (not in ``vips``)
+        self.handing_packed: dict[bytes, str] = {}
+        self.handoffs_ended: list[tuple[str, str, float]] = []  # (ip, how, seconds): for the announcer to log
 
     def _watch_changed(self, packed: bytes, added: bool) -> None:
         self.resp.send(f"{'W' if added else 'U'} {packed.hex()}")
@@ -93,6 +113,72 @@ class VipTable:
             for name in vip.ifaces:
                 self.stop_answering(vip, name)
         self.conflicts.pop(ip, None)
+
+    def hand_off(self, ip: str, macs: frozenset[bytes], seconds: float) -> None:
+        """Leave the set, but answer ``ip`` until one of ``macs`` announces it (or ``seconds`` pass). An
+        address not being answered (under check, in conflict, no interface) is withdrawn at once."""
+        vip = self.vips.get(ip)
+        now = time.monotonic()
+        # the taker announced it already (seen before this node heard of the move): nothing to wait for
+        seen = vip.claimed if vip is not None else None
+        early = seen is not None and seen[0] in macs and now - seen[1] < seconds
+        if vip is None or vip.state != "announcing" or not vip.ifaces or not macs or early:
+            if vip is not None:
+                self.withdraw(ip)
+            return
+        self.vips.pop(ip)
+        self.conflicts.pop(ip, None)
+        self.handing[ip] = Handoff(vip, macs, now, now + seconds)
+        self.handing_packed[vip.packed] = ip
+        text = ",".join(m.hex() for m in sorted(macs))
+        for name in vip.ifaces:
+            if name in self.links.ifaces:
+                self.resp.send(f"H {name} {vip.packed.hex()} {text}")
+
+    def resume(self, ip: str) -> Vip | None:
+        """``ip`` is given again while being handed off: answered as before (the child told so), or None."""
+        h = self.handing.pop(ip, None)
+        if h is None:
+            return None
+        self.handing_packed.pop(h.vip.packed, None)
+        h.vip.claimed = None
+        self.vips[ip] = h.vip
+        for name in h.vip.ifaces:
+            if name in self.links.ifaces:
+                self.resp.send(f"A {name} {h.vip.packed.hex()}")
+        return h.vip
+
+    def end_handoff(self, ip: str, how: str) -> None:
+        h = self.handing.pop(ip, None)
+        if h is None:
+            return
+        self.handing_packed.pop(h.vip.packed, None)
+        for name in h.vip.ifaces:
+            self.stop_answering(h.vip, name)
+        self.handoffs_ended.append((ip, how, time.monotonic() - h.since))
+
+    def claimed(self, ip: str, packed: bytes, mac: bytes) -> bool:
+        """Another MAC announced ``ip``: True when that ends a hand-off (the taker), not a contest. Otherwise
+        noted on the address, so that a hand-off asked for later to that MAC ends at once (``hand_off``)."""
+        handing = self.handing_packed.get(packed)
+        if handing is None or mac not in self.handing[handing].macs:
+            vip = self.vips.get(ip)
+            if vip is not None:
+                vip.claimed = (mac, time.monotonic())
+            return False
+        self.end_handoff(handing, "announced")
+        return True
+
+    def handoff_due(self) -> float | None:
+        return min((h.until for h in self.handing.values()), default=None)
+
+    def expire_handoffs(self, now: float) -> None:
+        for ip in [ip for ip, h in self.handing.items() if now >= h.until]:
+            self.end_handoff(ip, "timeout")
+
+    def end_handoffs(self) -> None:
+        for ip in list(self.handing):
+            self.end_handoff(ip, "withdrawn")
 
     def states(self) -> dict[str, str]:
         return {ip: v.state for ip, v in self.vips.items()}

@@ -33,8 +33,8 @@ from nocloudlb.membership import Membership, MembershipSettings, generate_key
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "netns"))
 from speaker_harness import pool_docs, service_doc, spread_vips, wait_for  # noqa: E402
 
-__all__ = ["Harness", "Journal", "RecordingAnnouncer", "RecordingDelivery", "alive", "announcer_of", "mac_field",
-           "pool_docs", "run_loop", "service_doc", "vips_led", "wait_for"]
+__all__ = ["Harness", "Journal", "RecordingAnnouncer", "RecordingDelivery", "alive", "announcer_of", "decided",
+           "mac_field", "pool_docs", "run_loop", "service_doc", "vips_led", "wait_for"]
 
 
 def free_ports(n: int, avoid: Iterable[int] = ()) -> list[int]:
@@ -258,3 +258,14 @@ def run_loop(sp: Speaker) -> tuple[threading.Thread, dict]:
     t = threading.Thread(target=target, daemon=True)
     t.start()
     return t, out
+
+
+def decided(sp: Speaker, names: set[str], timeout: float = 10.0) -> None:
+    """Wait until ``sp`` sees ``names`` alive and has joined, then decide as its loop would: once (which hands
+    the heartbeats the members), again once the heartbeats count a majority (a node never counts itself one
+    before it knows the configured members)."""
+    wait_for(lambda: {m.name for m in sp.membership.members() if m.state == "alive"} == names, timeout, "join")
+    wait_for(sp.membership.first_join_done.is_set, timeout, "first join")
+    sp.reconcile()
+    wait_for(sp.quorum, timeout, "quorum")
+    sp.reconcile()

@@ -19,7 +19,7 @@ from typing import Any
 
 import kinship
 import pytest
-from inproc_speaker import pool_docs, run_loop, service_doc, vips_led, wait_for
+from inproc_speaker import decided, pool_docs, run_loop, service_doc, vips_led, wait_for
 from nocloudlb.core.election import DRAIN_LABEL
 from nocloudlb.modes import FAIL_BOUND, ModeRunner
 from prometheus_client import CollectorRegistry, generate_latest
@@ -32,9 +32,7 @@ def two_nodes(harness):
     docs = pool_docs() + [service_doc(f"svc{i}", ip) for i, ip in enumerate(sorted(vips))]
     sp = harness.speaker("s", docs, join=["p"])
     peer = harness.peer("p", sp.codec.encode({}, []), join=["s"])
-    wait_for(lambda: {m.name for m in sp.membership.members() if m.state == "alive"} == {"s", "p"}, 10, "join")
-    wait_for(sp.membership.first_join_done.is_set, 10, "first join")
-    sp.reconcile()
+    decided(sp, {"s", "p"})
     mine = {ip for ip, leader in vips.items() if leader == "s"}
     assert set(sp.journal.announced()) == mine
     return sp, peer, mine
@@ -278,9 +276,7 @@ def test_a_speaker_with_a_corrupt_labels_file_starts_drained_and_says_so(harness
     docs = pool_docs() + [service_doc(f"svc{i}", ip) for i, ip in enumerate(sorted(vips))]
     sp = harness.speaker("s", docs, join=["p"])  # started: no crash
     harness.peer("p", sp.codec.encode({}, []), join=["s"])
-    wait_for(lambda: {m.name for m in sp.membership.members() if m.state == "alive"} == {"s", "p"}, 10, "join")
-    wait_for(sp.membership.first_join_done.is_set, 10, "first join")
-    sp.reconcile()
+    decided(sp, {"s", "p"})
     sp.reconcile()
     st = sp.status()
     assert DRAIN_LABEL in st["labels"] and DRAIN_LABEL in st["published"]["labels"], st["labels"]

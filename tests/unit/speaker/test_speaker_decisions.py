@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from inproc_speaker import mac_field, pool_docs, run_loop, service_doc, vips_led, wait_for
+from inproc_speaker import decided, mac_field, pool_docs, run_loop, service_doc, vips_led, wait_for
 from nocloudlb.core.election import DRAIN_LABEL
 
 pytestmark = pytest.mark.timeout(60)
@@ -21,9 +21,7 @@ def two_nodes(harness, n_per_node: int = 2, policy: str = "Cluster", peer_labels
     sp = harness.speaker("s", docs, join=["p"], **(speaker_kw or {}))
     healthy = [f"test/svc{i}" for i in range(len(vips))]
     peer = harness.peer("p", sp.codec.encode(peer_labels or {}, healthy), join=["s"])
-    wait_for(lambda: {m.name for m in sp.membership.members() if m.state == "alive"} == {"s", "p"}, 10, "join")
-    wait_for(sp.membership.first_join_done.is_set, 10, "first join")
-    sp.reconcile()
+    decided(sp, {"s", "p"})
     return sp, peer, vips
 
 

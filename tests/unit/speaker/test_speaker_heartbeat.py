@@ -516,3 +516,22 @@ def test_rejected_datagrams_are_counted_by_reason(trio):
     finally:
         s.close()
     assert target.view().quorum and not target.view().suspected  # nothing a datagram said changed its mind
+
+
+def test_a_starting_speaker_never_counts_itself_a_majority_of_one(harness):
+    """The heartbeats know the configured members from the start (daemon ``_start_heartbeat``): a node
+    whose join list names two peers that are not there yet has no quorum from its first view on. Before,
+    it counted 1 of 1 until gossip's first member list, "gained" quorum, lost it, and its next gain armed
+    the settling of a quorum gained back (l2/disagree.py), which held a takeover soon after start for up
+    to 1 s (a SIGTERM's successor, tests/netns/test_speaker_cluster.py)."""
+    from inproc_speaker import pool_docs, service_doc
+
+    sp = harness.speaker("n1", pool_docs() + [service_doc("svc0", ["198.51.100.200"])], join=["n2", "n3"])
+    hb = sp.rt.heartbeat
+    assert hb is not None
+    seen = set()
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline:
+        seen.add((hb.view().quorum, hb.view().total))
+        time.sleep(0.005)
+    assert seen == {(False, 3)}, seen

@@ -8,7 +8,7 @@ import logging
 import random
 
 import pytest
-from inproc_speaker import announcer_of, pool_docs, service_doc, vips_led, wait_for
+from inproc_speaker import announcer_of, decided, pool_docs, service_doc, vips_led, wait_for
 from nocloudlb.core.election import DRAIN_LABEL, NodeView, layer2_decision
 from nocloudlb.core.schema import parse_resources
 from nocloudlb.l2.election import Election
@@ -83,9 +83,7 @@ def two_nodes(harness, n_per_node: int = 3, node_selectors: list | None = None):
     docs = pool_docs(node_selectors) + [service_doc(f"svc{i}", ip) for i, ip in enumerate(sorted(vips))]
     sp = harness.speaker("s", docs, join=["p"], labels={"zone": "a"})
     peer = harness.peer("p", sp.codec.encode({"zone": "a"}, []), join=["s"])
-    wait_for(lambda: {m.name for m in sp.membership.members() if m.state == "alive"} == {"s", "p"}, 10, "join")
-    wait_for(sp.membership.first_join_done.is_set, 10, "first join")
-    sp.reconcile()
+    decided(sp, {"s", "p"})
     return sp, peer, vips
 
 
@@ -140,9 +138,7 @@ def test_a_vip_the_announcer_takes_late_is_logged_announced_on_a_later_tick(harn
 
     ann.stats = stats  # type: ignore[method-assign]
     harness.peer("p", sp.codec.encode({"zone": "a"}, []), join=["s"])
-    wait_for(lambda: {m.name for m in sp.membership.members() if m.state == "alive"} == {"s", "p"}, 10, "join")
-    wait_for(sp.membership.first_join_done.is_set, 10, "first join")
-    sp.reconcile()
+    decided(sp, {"s", "p"})
     led = {ip for ip, n in vips.items() if n == "s"}
     assert set(ann.current) == led
 
