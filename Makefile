@@ -171,6 +171,7 @@ bench: deps venv
 	$(PY) benchmarks/reload_memory.py --vips 2000 --reloads 4
 	$(PY) benchmarks/arp_latency.py -n 100 --sizes 1,1000 --no-busy --rates 2000,10000 --rate-seconds 0.25
 	$(PY) benchmarks/handover.py --cycles 5
+	$(PY) benchmarks/handoff.py --rounds 1
 	$(PY) benchmarks/dataplane.py --seconds 5
 	$(PY) benchmarks/bgp.py --runs 3
 	$(PY) benchmarks/flow_peers.py --peers 300

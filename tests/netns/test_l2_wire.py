@@ -311,9 +311,10 @@ def _wait_handed(agent: L2Agent, ips: set[str], timeout: float = 3.0) -> None:
 
 def test_hand_off_answers_until_the_taker_announces(lab):
     """A planned move makes before it breaks (l2/handoff.py): the node giving an address up keeps answering
-    it (IPv4 and IPv6) until the taker's MAC announces it, then stops on that frame; without that
-    announcement it answers until the bound; given back meanwhile it is answered and announced again;
-    ``end_handoffs`` (the daemon failing closed) silences every hand-off at once."""
+    it (IPv4 and IPv6) until the taker's MAC announces it, then stops on that frame; another MAC's
+    announcement stops it too; without one it answers until the bound; given back meanwhile it is
+    answered and announced again; ``end_handoffs`` (the daemon failing closed) silences every hand-off
+    at once."""
     seg = lab
     n1, n2, n3 = seg.hosts
     old = L2Agent(seg, n2.ns, "n2")
@@ -346,6 +347,13 @@ def test_hand_off_answers_until_the_taker_announces(lab):
     _wait_handed(old, {VIP4B})
     assert 0.5 <= time.monotonic() - t0 < 3.0, time.monotonic() - t0
     assert who_has(seg, VIP4B, count=2, wait=0.3) == {}
+    # another MAC than the taker's announces it (the taker died meanwhile, a third node took over): stopped too
+    old.set({VIP4B: []}, skip_check=[VIP4B])
+    old.wait_state(VIP4B, "announcing", timeout=1)
+    old.set({}, hand_off={VIP4B: [n3.mac]}, hand_off_seconds=30)
+    new.set({VIP4: [], VIP6: [], VIP4B: []}, skip_check=[VIP4B])
+    _wait_handed(old, {VIP4B})
+    assert list(who_has(seg, VIP4B, count=2, wait=0.3)) == [n1.mac]
     # failing closed ends every hand-off at once
     assert old.stats()["handing_off"] == [VIP6B]
     old.call(cmd="end_handoffs")

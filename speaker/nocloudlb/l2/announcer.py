@@ -32,9 +32,9 @@ Lifecycle of an address given to ``set_announced``::
     announcing: answer requests; gratuitous ARP (request + reply form) / unsolicited NA with
                 the override flag now, then ``garp_rounds - 1`` more rounds ``garp_interval`` apart
     ip no longer given ─► forgotten at once (no more answers, queued gratuitous frames dropped)
-    ip no longer given, in hand_off ─► handing off: answered (no more gratuitous frames) until one of
-                the taker's MACs announces it (a planned move: make before break) or ``hand_off_seconds``
-                pass; given again meanwhile, it is answered on as before and announced again
+    ip no longer given, in hand_off ─► handing off: answered (no more gratuitous frames) until another
+                MAC announces it (a planned move: make before break; the taker's MACs given beside it) or
+                ``hand_off_seconds`` pass; given again meanwhile, it is answered on as before and announced again
     reannounce(ips): an announcing ip starts its gratuitous schedule again from round 0 (no check)
 
 Why ``skip_check``: the check exists for addresses nobody in the cluster announced
@@ -231,7 +231,7 @@ class L2Announcer:
         """Make ``vips`` (ip -> interfaces, [] = every eligible one) the announced set.
 
         Addresses not in ``vips`` are withdrawn at once, except those in ``hand_off`` (ip -> the MACs of
-        the member taking it): each is still answered until one of those MACs announces it, at most
+        the member taking it): each is still answered until another MAC announces it, at most
         ``hand_off_seconds`` (hand-offs already running go on; ``end_handoffs`` ends them all). New ones
         are checked for conflicts first unless listed in ``skip_check`` (see the module docstring).
         Raises ValueError naming the first invalid address or interface list.

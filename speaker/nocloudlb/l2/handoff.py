@@ -8,8 +8,9 @@ the decision left a window in which nobody answered ARP/NDP for the VIP (measure
 to one 0.1 s sample in three runs of the mixed-version test).
 
 So the side giving the VIP up hands it off instead: its responder keeps answering (sending no more
-gratuitous frames) until the member taking it announces it from a MAC that member publishes, and
-stops on that frame (l2/responder.py, ``H``), or after ``HANDOFF_MAX`` s when no announcement came.
+gratuitous frames) until the member taking it announces it (any other MAC's announcement ends it too:
+the taker may have died meanwhile and a third node taken over), and stops on that frame
+(l2/responder.py, ``H``), or after ``HANDOFF_MAX`` s when no announcement came.
 Both answer only for as long as the responder takes to read that one frame. A taker that runs the
 RFC 5227 check first (after its restart, or taking back a VIP it yielded) hears this node answer its
 probes and waits that out (member_wait, 2 s): the move then takes longer, and nobody stops answering.

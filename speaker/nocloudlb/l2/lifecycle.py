@@ -24,8 +24,8 @@ from .tables import Iface, Vip
 from .vips import VipTable
 
 HANDOFFS = Counter("nocloudlb_layer2_handoffs", "Addresses handed off in a planned move, by how the hand-off ended "
-                   "(announced: the taker announced it; timeout: it did not within the bound; withdrawn: "
-                   "this node withdrew everything)", ["outcome"])
+                   "(announced: the taker announced it; otherAnnounced: another MAC did; timeout: nobody did within "
+                   "the bound; withdrawn: this node withdrew everything)", ["outcome"])
 
 
 class Lifecycle:

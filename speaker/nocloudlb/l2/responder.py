@@ -14,22 +14,24 @@ The announcer (the *client*, :class:`ResponderClient`) drives it over stdin with
     C name                   close it
     A name ip                answer for ``ip`` (8 or 32 hex digits) on ``name``
     D name ip                stop answering
-    H name ip macs           hand ``ip`` off: answer it until one of ``macs`` (12 hex digits each, comma
-                             separated) announces it on ``name``, then stop at once
+    H name ip                hand ``ip`` off: answer it until another MAC announces it on ``name`` (a
+                             gratuitous ARP, an unsolicited NA), then stop at once
     W ip / U ip              watch / unwatch ``ip`` for the conflict check
     P n                      ping: answered with {"p": n} after everything before it is applied
 
 and reads JSON lines on stdout: ``{"ready": pid}`` at start, ``{"p": n}``, ``{"f": name, "x": hex}``
 (a frame the conflict check watches: ARP from a watched sender address, NS/NA for a watched
-target; and another MAC's announcement of an address answered here, which ends a hand-off when it
-comes from the MAC taking it), ``{"n": {ip: [received, answered]}, "s": {...}}`` (counters, at most
+target; and another MAC's announcement of an address answered here, which also ends its hand-off),
+``{"n": {ip: [received, answered]}, "s": {...}}`` (counters, at most
 every 0.1 s).
 
 Why ``H``: in a planned move (a drain, an undrain, a member preempting) the node giving a VIP up
 keeps answering until the node taking it announces (make before break). Ending it here, on the
 frame itself, keeps the time both answer to how long this loop takes to read one frame; through
-the daemon it would be a pipe, a thread and a decision pass later. The daemon ends it after
-a bound anyway (``D``), when the taker's announcement never came.
+the daemon it would be a pipe, a thread and a decision pass later. Any other MAC's announcement
+ends it, not only the taker's: whoever announces now, this node was giving the address up (the
+taker may have died meanwhile and a third node taken over). The daemon ends it after a bound
+anyway (``D``), when no announcement came.
 
 Each interface's socket carries :func:`bpf.answer_program` for the addresses answered there and
 the ones watched, so frames for anybody else stop in the kernel; the filter is re-attached
@@ -107,7 +109,7 @@ class _Port:
     sock: socket.socket
     arp_head: bytes  # reply bytes 6..32: our MAC, ARP reply header, our MAC again
     answer: set[bytes] = field(default_factory=set)
-    handoff: dict[bytes, frozenset[bytes]] = field(default_factory=dict)  # ip handed off -> the taker's MACs
+    handoff: set[bytes] = field(default_factory=set)  # addresses handed off: answered until another MAC announces
     passes: set[bytes] | None = None  # targets the attached filter passes in requests (None: every request)
     senders: set[bytes] | None = None  # senders it passes (the addresses watched by the conflict check)
     dirty: float = 0.0  # when a removal made the filter wider than needed
@@ -176,20 +178,20 @@ class Responder:
         if op == "A":
             port, ip = self.ports[w[1]], bytes.fromhex(w[2])
             port.answer.add(ip)
-            port.handoff.pop(ip, None)  # answered again (taken back before the hand-off ended)
+            port.handoff.discard(ip)  # answered again (taken back before the hand-off ended)
             if port.passes is not None and ip not in port.passes:  # a watched address passes as a sender only
                 grown.add(port)
         elif op == "D":
             gone = self.ports.get(w[1])
             if gone is not None:
-                gone.handoff.pop(bytes.fromhex(w[2]), None)
+                gone.handoff.discard(bytes.fromhex(w[2]))
             if gone is not None and bytes.fromhex(w[2]) in gone.answer:
                 gone.answer.discard(bytes.fromhex(w[2]))
                 gone.dirty = gone.dirty or time.monotonic()
         elif op == "H":
             port, ip = self.ports[w[1]], bytes.fromhex(w[2])
             if ip in port.answer:
-                port.handoff[ip] = frozenset(bytes.fromhex(m) for m in w[3].split(",") if m)
+                port.handoff.add(ip)
         elif op == "W":
             ip = bytes.fromhex(w[1])
             self.watch.add(ip)
@@ -297,7 +299,8 @@ class Responder:
                 if spa in watch:
                     self.report(port, data)
                 elif spa == tpa and spa in answer:  # another MAC announces an address answered here
-                    if port.handoff and self.handed(port, spa, data[22:28], data):
+                    if spa in port.handoff:
+                        self.handed(port, spa, data)
                         continue
                     self.claim(port, spa, data)
             elif data[12:14] == _ETH_IP6 and len(data) >= 78:
@@ -315,7 +318,8 @@ class Responder:
                 elif target in watch and data[6:12] != mac:
                     self.report(port, data)
                 elif data[54] == ndp.NA and target in answer and data[6:12] != mac:
-                    if port.handoff and self.handed(port, target, data[6:12], data):
+                    if target in port.handoff:
+                        self.handed(port, target, data)
                         continue
                     self.claim(port, target, data)
 
@@ -332,17 +336,13 @@ class Responder:
         port.answered += 1
         self.changed = True
 
-    def handed(self, port: _Port, ip: bytes, sender: bytes, data: bytes) -> bool:
-        """``ip`` is being handed off and the taker (``sender``) announced it: stop answering now and report
-        the frame (never held back by CLAIM_EVERY: it ends the daemon's side of the hand-off too)."""
-        macs = port.handoff.get(ip)
-        if macs is None or sender not in macs:
-            return False
-        del port.handoff[ip]
+    def handed(self, port: _Port, ip: bytes, data: bytes) -> None:
+        """``ip`` is being handed off and another MAC announced it: stop answering now and report the frame
+        (never held back by CLAIM_EVERY: it ends the daemon's side of the hand-off too)."""
+        port.handoff.discard(ip)
         port.answer.discard(ip)
         port.dirty = port.dirty or time.monotonic()
         self.report(port, data)
-        return True
 
     def claim(self, port: _Port, ip: bytes, data: bytes) -> None:
         """Report another MAC's announcement of an address answered here (at most one per address per

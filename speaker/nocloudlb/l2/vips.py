@@ -6,9 +6,10 @@ address is told to the responder child at once and, for IPv6, joins or leaves it
 group (mcast.py).
 
 Hand-offs: an address leaving the set in a planned move (``hand_off``) is not withdrawn at once: it is
-still answered (never announced again) until the member taking it announces it from one of its
-MACs, seen by the responder child (which stops answering on that very frame, ``H``) or by the
-announcer in the child's place, or until its deadline. It is then withdrawn as any other address.
+still answered (never announced again) until another MAC announces it (the member taking it, or
+whoever took it if that member died meanwhile), seen by the responder child (which stops answering
+on that very frame, ``H``) or by the announcer in the child's place, or until its deadline. It is
+then withdrawn as any other address.
 Given again meanwhile, it is answered on as before (``resume``): no check; the announcer starts its
 gratuitous frames again.
 """
@@ -31,7 +32,7 @@ Wanted = dict[str, tuple[str, ...]]  # ip -> interface names (() : every eligibl
 @dataclass
 class Handoff:
     vip: Vip
-    macs: frozenset[bytes]  # the taker's MACs: its announcement ends the hand-off
+    macs: frozenset[bytes]  # the taker's MACs (any other MAC's announcement ends the hand-off too)
     since: float
     until: float
 
@@ -115,8 +116,9 @@ class VipTable:
         self.conflicts.pop(ip, None)
 
     def hand_off(self, ip: str, macs: frozenset[bytes], seconds: float) -> None:
-        """Leave the set, but answer ``ip`` until one of ``macs`` announces it (or ``seconds`` pass). An
-        address not being answered (under check, in conflict, no interface) is withdrawn at once."""
+        """Leave the set, but answer ``ip`` until another MAC announces it (or ``seconds`` pass); ``macs``: the
+        taker's. An address not being answered (under check, in conflict, no interface), or one that the
+        taker announced already (seen before this node heard of the move), is withdrawn at once."""
         vip = self.vips.get(ip)
         now = time.monotonic()
         # the taker announced it already (seen before this node heard of the move): nothing to wait for
@@ -130,10 +132,9 @@ class VipTable:
         self.conflicts.pop(ip, None)
         self.handing[ip] = Handoff(vip, macs, now, now + seconds)
         self.handing_packed[vip.packed] = ip
-        text = ",".join(m.hex() for m in sorted(macs))
         for name in vip.ifaces:
             if name in self.links.ifaces:
-                self.resp.send(f"H {name} {vip.packed.hex()} {text}")
+                self.resp.send(f"H {name} {vip.packed.hex()}")
 
     def resume(self, ip: str) -> Vip | None:
         """``ip`` is given again while being handed off: answered as before (the child told so), or None."""
@@ -158,15 +159,15 @@ class VipTable:
         self.handoffs_ended.append((ip, how, time.monotonic() - h.since))
 
     def claimed(self, ip: str, packed: bytes, mac: bytes) -> bool:
-        """Another MAC announced ``ip``: True when that ends a hand-off (the taker), not a contest. Otherwise
+        """Another MAC announced ``ip``: True when that ends its hand-off (then it is no contest). Otherwise
         noted on the address, so that a hand-off asked for later to that MAC ends at once (``hand_off``)."""
         handing = self.handing_packed.get(packed)
-        if handing is None or mac not in self.handing[handing].macs:
+        if handing is None:
             vip = self.vips.get(ip)
             if vip is not None:
                 vip.claimed = (mac, time.monotonic())
             return False
-        self.end_handoff(handing, "announced")
+        self.end_handoff(handing, "announced" if mac in self.handing[handing].macs else "otherAnnounced")
         return True
 
     def handoff_due(self) -> float | None:

@@ -1,0 +1,122 @@
+"""Planned moves, who answers ARP meanwhile: the previous release (the giver stops at its decision) next
+to this code (the giver hands the VIP off until the taker announces, l2/handoff.py), in one run.
+
+For each side: three speakers (``lan`` profile) and a client on a bridge in network namespaces, a VIP led
+by each node, HTTP servers whose answers take 50 ms. Each node in turn is drained (its VIP moves to the
+next node) and undrained (it takes the VIP back), ``--rounds`` times, while the client asks ARP for every
+VIP every ``--interval`` s (arp_sampler.py: every MAC that answers one request) and GETs each VIP back to
+back. Printed per side: moves, ARP samples, samples without an answer and with two MACs, the longest
+window of each, failed requests, and the time from the label change to the VIP answered by the new node
+alone (a probe every ~0.2 s, so an upper bound). The previous release is the commit release/previous.json
+names, run from its own tree (tests/netns/previous_release.py).
+
+    sudo .venv/bin/python benchmarks/handoff.py --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "netns"))
+
+import arp_sampler  # noqa: E402
+from netns import make_segment  # noqa: E402
+from nocloudlb.core.election import DRAIN_LABEL, election_order  # noqa: E402
+from previous_release import check_tree, materialise, previous  # noqa: E402
+from speaker_harness import SpeakerCluster, VipWatch, pool_docs, service_doc, spread_vips  # noqa: E402
+
+NODES = ["n1", "n2", "n3"]
+
+
+def label(c: SpeakerCluster, node: str, *args: str) -> None:
+    out = subprocess.run([sys.executable, "-m", "nocloudlb.cli", "label", "--socket", c.sock(node), *args],
+                         capture_output=True, text=True, timeout=10, check=False)
+    if out.returncode:
+        raise RuntimeError(out.stdout + out.stderr)
+
+
+def answered_by(c: SpeakerCluster, ip: str, node: str) -> bool:
+    return [a["mac"] for a in c.probe(ip, 0.2)] == [c.mac(node)]
+
+
+def run(root: Path | None, rounds: int, interval: float) -> dict:
+    """One side: ``root`` None runs this code, else the previous release's tree."""
+    with tempfile.TemporaryDirectory(prefix="nlb-handoff-") as tmp, make_segment("nhf", hosts=3) as seg:
+        vips = spread_vips(NODES)
+        docs = pool_docs() + [service_doc(f"svc{i}", [ip]) for i, ip in enumerate(sorted(vips))]
+        c = SpeakerCluster(seg, Path(tmp) / "cluster", profile="lan", resources=docs)
+        if root is not None:
+            for n in NODES:
+                c.source[n] = root
+        c.start_all(timeout=40)
+        c.wait(lambda: all(c.members_alive(n) == set(NODES) for n in NODES), 40, "full membership")
+        c.wait(c.settled, 30, "every VIP past its checks")
+        for ip, leader in vips.items():
+            c.wait(lambda ip=ip, leader=leader: answered_by(c, ip, leader), 20, f"{ip} answered by {leader}")
+        watch = VipWatch(c, vips, Path(tmp) / "samples.jsonl", interval, interval * 0.75, rounds * 30 + 60)
+        t0 = time.time()
+        took = []
+        for _round in range(rounds):
+            for ip, leader in vips.items():
+                nxt = next(n for n in election_order(NODES, ip) if n != leader)
+                for node, args, owner in ((leader, ("set", f"{DRAIN_LABEL}=true"), nxt),
+                                          (leader, ("unset", DRAIN_LABEL), leader)):
+                    t = time.time()
+                    label(c, node, *args)
+                    c.wait(lambda ip=ip, owner=owner: answered_by(c, ip, owner), 15, f"{ip} answered by {owner}")
+                    took.append(time.time() - t)
+                    time.sleep(0.5)
+        time.sleep(0.3)
+        t_end = time.time()
+        per_vip, failed = watch.stop(t0, t_end)
+        smp = [s for v in per_vip.values() for s in v]
+        return {
+            "moves": len(took), "samples": len(smp),
+            "noAnswer": sum(1 for _t, m in smp if not m), "twoMacs": sum(1 for _t, m in smp if len(m) > 1),
+            "longestNoAnswerMs": round(1000 * max(arp_sampler.longest(v, (not m for _t, m in v), t_end)
+                                                  for v in per_vip.values()), 1),
+            "longestTwoMacsMs": round(1000 * max(arp_sampler.longest(v, (len(m) > 1 for _t, m in v), t_end)
+                                                 for v in per_vip.values()), 1),
+            "requests": sum(len(p.samples) for p in watch.polls.values()),
+            "failed": sum(len(f) for f in failed.values()),
+            "movedP50": round(sorted(took)[len(took) // 2], 2), "movedMax": round(max(took), 2),
+        }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=3, help="drain and undrain of every node, this many times")
+    ap.add_argument("--interval", type=float, default=0.02, help="seconds between two ARP samples")
+    ap.add_argument("--json", help="also write the results here")
+    a = ap.parse_args()
+    if os.geteuid() != 0:
+        print("needs root (network namespaces)", file=sys.stderr)
+        return 2
+    rel = previous()
+    with tempfile.TemporaryDirectory(prefix="nlb-previous-") as prev:
+        root = materialise(Path(prev))
+        check_tree(root)
+        sides = {f"previous release {rel['commit'][:8]} (stops at its decision)": run(root, a.rounds, a.interval),
+                 "this code (hands off until the taker announces)": run(None, a.rounds, a.interval)}
+    print(f"\nplanned moves (drain, undrain), ARP asked every {a.interval * 1000:.0f} ms, lan profile")
+    keys = ["moves", "samples", "noAnswer", "longestNoAnswerMs", "twoMacs", "longestTwoMacsMs", "requests",
+            "failed", "movedP50", "movedMax"]
+    print("| side | " + " | ".join(keys) + " |")
+    print("| --- |" + " --- |" * len(keys))
+    for name, r in sides.items():
+        print(f"| {name} | " + " | ".join(str(r[k]) for k in keys) + " |")
+    if a.json:
+        Path(a.json).write_text(json.dumps(sides, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
