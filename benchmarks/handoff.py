@@ -92,7 +92,7 @@ def run(root: Path | None, rounds: int, interval: float) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     ap.add_argument("--rounds", type=int, default=3, help="drain and undrain of every node, this many times")
     ap.add_argument("--interval", type=float, default=0.02, help="seconds between two ARP samples")
     ap.add_argument("--json", help="also write the results here")
