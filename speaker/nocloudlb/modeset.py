@@ -43,6 +43,7 @@ class ModeSet:
         """The modes this speaker runs (each one's few construction lines, marked ``# mode: NAME``)."""
         from .l2 import delivery  # noqa: PLC0415 - heavy raw-socket code only when running
         from .l2.announcer import L2Announcer  # noqa: PLC0415
+        from .l2.handoff import MEMBER_WAIT  # noqa: PLC0415
         from .l2.mode import L2Mode  # noqa: PLC0415
 
         modes: list[Mode] = []
@@ -61,7 +62,7 @@ class ModeSet:
                             before_gain=self.before_gain)
         self.rt.l2.announcer = factory(cfg.node_name, logging.getLogger("nocloudlb.l2"),
                                        is_peer_mac=self.rt.l2.is_peer_mac, rate=cfg.announce_rate,
-                                       burst=cfg.announce_burst)
+                                       burst=cfg.announce_burst, member_wait=MEMBER_WAIT)
         if hasattr(self.rt.l2.announcer, "on_contest"):  # another member announcing a VIP we hold: the wire rule
             self.rt.l2.announcer.on_contest = self.rt.l2.wire.contest
         modes.append(self.rt.l2)

@@ -158,7 +158,8 @@ def test_old_owner_stops_answering_arp_while_its_nft_teardown_is_slow(make_segme
     nft.chmod(0o755)
     c.env["n2"] = {"PATH": f"{bindir}:{os.environ['PATH']}"}
     c.start_all(timeout=60)
-    assert c.announcing("n1", ip)
+    # a node takes VIPs once its heartbeats count a majority (both nodes here), a moment after it is ready
+    c.wait(lambda: c.announcing("n1", ip), 10, "n1 announcing its VIP")
     cli = [sys.executable, "-m", "nocloudlb.cli", "label", "--socket", c.sock("n1")]
     done = subprocess.run([*cli, "set", f"{DRAIN_LABEL}=true"], capture_output=True, check=False, timeout=10)
     assert done.returncode == 0

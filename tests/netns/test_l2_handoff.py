@@ -97,5 +97,7 @@ def test_drain_and_undrain_leave_no_sample_without_an_owner(make_segment, tmp_pa
     assert not any(failed.values()), failed
     expected = (t_end - t0) / INTERVAL * 0.5
     assert all(len(smp) >= expected for smp in per_vip.values()), "the sampler fell behind or died"
-    handed = sum(len([e for e in c.events(n, "vipHandedOff") if e.get("outcome") == "announced"]) for n in NODES)
-    assert handed >= len(moves), handed  # each move ended by the taker's announcement, not the bound
+    ended = [e.get("outcome") for n in NODES for e in c.events(n, "vipHandedOff")]
+    # the hand-offs ended by the taker's announcement, none by the bound (a giver that saw the taker announce
+    # before it heard of the move withdraws at once: no hand-off, so there may be fewer than moves)
+    assert ended and "timeout" not in ended and ended.count("announced") >= len(moves) // 2, ended

@@ -340,12 +340,13 @@ def test_hand_off_answers_until_the_taker_announces(lab):
     while old.stats()["gratuitous_sent"].get(VIP4B, 0) <= before:
         assert time.monotonic() < deadline, "no gratuitous ARP after the address was given back"
         time.sleep(0.05)
-    # no announcement from the taker: answered until the bound, then silent
+    # no announcement from the taker: answered until the bound, then silent (a scapy client takes about a
+    # second to start on a loaded machine: the answer during the hand-off is the part above)
     t0 = time.monotonic()
-    old.set({}, hand_off={VIP4B: [n3.mac]}, hand_off_seconds=0.6)
-    assert list(who_has(seg, VIP4B, count=1, wait=0.1)) == [n2.mac]
-    _wait_handed(old, {VIP4B})
-    assert 0.5 <= time.monotonic() - t0 < 3.0, time.monotonic() - t0
+    old.set({}, hand_off={VIP4B: [n3.mac]}, hand_off_seconds=1.0)
+    assert VIP4B in old.stats()["handing_off"]
+    _wait_handed(old, {VIP4B}, timeout=6.0)
+    assert 0.9 <= time.monotonic() - t0 < 5.0, time.monotonic() - t0
     assert who_has(seg, VIP4B, count=2, wait=0.3) == {}
     # another MAC than the taker's announces it (the taker died meanwhile, a third node took over): stopped too
     old.set({VIP4B: []}, skip_check=[VIP4B])

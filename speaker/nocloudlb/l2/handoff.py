@@ -12,8 +12,14 @@ gratuitous frames) until the member taking it announces it (any other MAC's anno
 the taker may have died meanwhile and a third node taken over), and stops on that frame
 (l2/responder.py, ``H``), or after ``HANDOFF_MAX`` s when no announcement came.
 Both answer only for as long as the responder takes to read that one frame. A taker that runs the
-RFC 5227 check first (after its restart, or taking back a VIP it yielded) hears this node answer its
-probes and waits that out (member_wait, 2 s): the move then takes longer, and nobody stops answering.
+RFC 5227 check first (after its restart or a boot cut off from its peers, or taking back a VIP it
+yielded) hears this node answer its probes; it waits for their silence at most ``MEMBER_WAIT`` s
+(the speaker's announcer is made with it), then announces and this node stops. Before hand-offs that
+wait was 2 s: a member answering a take-back's probes was about to withdraw. Now it is the normal
+case, so the wait is short: long enough for a member on the previous release, which withdraws when it
+hears of the take-back (milliseconds), to fall silent first, short enough that a take-back is not
+slower than before (a boot cut off from its peers, then healed, has 3 s to one owner again:
+tests/netns/test_partition_matrix.py).
 
 Only a move to a member this node sees ``alive``, with quorum, whose MACs it knows, and only for a VIP
 this node gives up because the election now names that member: anything that makes this node fail
@@ -31,11 +37,12 @@ from nocloudlb.core.quorum import REASON_YIELDED_ON_WIRE
 from .forwarding import HANDOVER_WAIT
 from .rows import VipRow
 
+#: the longest a taker that runs the RFC 5227 check waits for a member answering its probes to fall silent
+MEMBER_WAIT = 0.5
 #: the longest a hand-off answers without the taker's announcement: the taker's own longest wait before it
-#: announces (HANDOVER_WAIT for its forwarding; the announcer's member_wait, 2 s, when it runs the RFC 5227
-#: check, as after a restart, and waits for this node's answers to its probes to stop), and a second for
-#: the news of the move to reach it
-HANDOFF_MAX = HANDOVER_WAIT + 1.0
+#: announces (HANDOVER_WAIT for its forwarding; MEMBER_WAIT after its check), and a second for the news of
+#: the move to reach it
+HANDOFF_MAX = max(HANDOVER_WAIT, MEMBER_WAIT) + 1.0
 
 
 def handoffs(lost: Iterable[str], rows: Iterable[VipRow], me: str, states: Mapping[str, str],

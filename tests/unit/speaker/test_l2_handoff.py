@@ -39,4 +39,5 @@ def test_handoffs(case, rows, states, macs, quorum, want):
 
 def test_the_bound_outlasts_the_takers_longest_wait():
     from nocloudlb.l2.forwarding import HANDOVER_WAIT
-    assert HANDOFF_MAX > HANDOVER_WAIT and HANDOFF_MAX > 2.0  # 2.0: the announcer's member_wait
+    from nocloudlb.l2.handoff import MEMBER_WAIT
+    assert HANDOFF_MAX > HANDOVER_WAIT and HANDOFF_MAX > MEMBER_WAIT
