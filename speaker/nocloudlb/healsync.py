@@ -8,7 +8,7 @@ load that slowed the member enough to be suspected again, whose refutation was a
 the cluster fed its own suspicion storm.
 
 The rule: ``me`` exchanges with ``member`` when either is among the other's first ``k`` members by
-rendezvous hash (kinship.rendezvous) over the members ``me`` sees alive. A return costs the
+rendezvous hash (kinship.rendezvous) over the members ``me`` sees alive or suspect. A return costs the
 cluster about 2k exchanges, whatever N is. Both sides compute the same pairs whenever they agree on
 the names, and a node that comes back to a cluster it held dead still exchanges with the first
 member it sees again (alone in its view, that member is among its first k): the one-sided merge is

@@ -79,7 +79,7 @@ class EventPump:
                           "or starved): peers may have declared it dead", logging.WARNING, paused=round(late, 3))
                     self._on_heal("resumed", self.name)
                     self._heal.sync([m for m in self._members() if m.name != self.name
-                                     and m.state in ("alive", "suspect")])
+                                     and m.state in ("alive", "suspect")], why="resumed")
                 if ev is not None:
                     self._handle(ev)
                 self._check_refuted()
@@ -138,7 +138,9 @@ class EventPump:
             # suspicion is MemberRecovered, and nobody held that member dead), and only between the few
             # members healsync.py pairs: never one per member (a storm)
             if self._joiner.first_join_done.is_set() and isinstance(ev, kinship.MemberJoined):
-                alive = [m.name for m in self._members() if m.state == "alive"]
+                # suspect members count: a peer briefly suspected here would otherwise change this node's
+                # pairs and make it exchange where the others do not expect it to
+                alive = [m.name for m in self._members() if m.state in ("alive", "suspect")]
                 if heal_sync(self.name, member.name, alive):
                     # not again if the reconnect that healed it exchanged with it moments ago
                     self._heal.sync([member_view(member)], every=RECONNECT_SLOW / 2)

@@ -54,9 +54,9 @@ class HealSync:
             dead = dict(self._dead_since)
         if not dead:
             return
-        due = []
+        due: dict[str, list[MemberView]] = {"reconnect": [], "reconnectSlow": []}
         members = self._members()
-        alive = [m.name for m in members if m.state == "alive"]
+        alive = [m.name for m in members if m.state in ("alive", "suspect")]  # as memberevents.py counts
         for m in members:
             since = dead.get(m.name)
             if since is None or m.state != "dead" or m.name == self.name:
@@ -68,12 +68,15 @@ class HealSync:
             # the others' first attempt comes RECONNECT_SLOW s after the death, not at once with the pairs'
             last = self._synced.get(m.name, -1e9) if fast else max(self._synced.get(m.name, -1e9), since)
             if now - last >= every:
-                due.append(m)
-        self.sync(due, every=0.0)
+                due["reconnect" if fast else "reconnectSlow"].append(m)
+        for why, todo in due.items():
+            self.sync(todo, every=0.0, why=why)
 
-    def sync(self, members: list[MemberView], every: float = 1.0) -> None:
+    def sync(self, members: list[MemberView], every: float = 1.0, why: str = "joined") -> None:
         """Push-pull with ``members`` in the background, each at most once per ``every`` seconds and never
-        twice at the same time."""
+        twice at the same time; ``why`` goes into the log events (``joined``: a paired member came back,
+        ``reconnect`` / ``reconnectSlow``: a member held dead, by a pair or by any other member,
+        ``resumed``: this node found itself paused)."""
         now = time.monotonic()
         with self._lock:
             todo = [m for m in members if m.name not in self._syncing
@@ -82,9 +85,9 @@ class HealSync:
                 self._synced[m.name] = now
                 self._syncing.add(m.name)
         if todo:
-            threading.Thread(target=self._push_pull, args=(todo,), name="membership-sync", daemon=True).start()
+            threading.Thread(target=self._push_pull, args=(todo, why), name="membership-sync", daemon=True).start()
 
-    def _push_pull(self, members: list[MemberView]) -> None:
+    def _push_pull(self, members: list[MemberView], why: str) -> None:
         for m in members:
             try:
                 cluster = self._cluster()
@@ -92,10 +95,10 @@ class HealSync:
                     continue
                 cluster.join([m.addr], timeout=2.0)
                 event(self.log, "memberlistSynced", "exchanged full state", logging.DEBUG, node=m.name,
-                      addr=m.addr, state=m.state)
+                      addr=m.addr, state=m.state, why=why)
             except (kinship.KinshipError, TimeoutError, OSError, ValueError) as exc:
                 event(self.log, "memberlistSyncFailed", str(exc), logging.DEBUG, node=m.name, addr=m.addr,
-                      state=m.state)
+                      state=m.state, why=why)
             finally:
                 with self._lock:
                     self._syncing.discard(m.name)

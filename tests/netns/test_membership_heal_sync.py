@@ -98,16 +98,25 @@ def test_a_member_back_from_dead_meets_about_2k_exchanges_not_one_per_member(mak
     after = {n: push_pulls(c, n) for n in c.names}
     exchanges = after[victim][0] - before[victim][0]
     started = {n: after[n][1] - before[n][1] for n in peers if after[n][1] > before[n][1]}
-    synced = sorted(p for p in peers if any(e.get("node") == victim and since(e) >= wall_heal - 0.5
-                                            for e in c.events(p, "memberlistSynced")))
+    synced_why: dict[str, set[str]] = {}
+    for p in peers:
+        for e in c.events(p, "memberlistSynced"):
+            if e.get("node") == victim and since(e) >= wall_heal - 0.5:
+                synced_why.setdefault(p, set()).add(e.get("why", "?"))
+    # a member that is not a pair still tries every RECONNECT_SLOW s (10) while it holds the victim dead, on
+    # its own schedule from when it saw the death: such a try may fall in the window (seen in CI, one peer)
+    slow = sorted(p for p, why in synced_why.items() if why == {"reconnectSlow"})
+    synced = sorted(p for p in synced_why if p not in slow)
     resumed = {p for p in peers if any(since(e) >= wall_heal - 3 for e in c.events(p, "speakerResumed"))}
     print(f"\n{N} lan speakers, {victim} cut until every peer held it dead ({dead_after:.1f} s): "
           f"healed in {healed:.2f} s; full-state exchanges it served in the {WINDOW:g} s after: {exchanges} "
           f"(paired members {len(paired)}: {paired}; one per peer would be {len(peers)}); peers that exchanged "
-          f"with it: {synced}; peers that started exchanges with anyone (kinship's periodic ones too): {started}")
+          f"with it and why: {synced_why}; peers that started exchanges with anyone (kinship's periodic ones "
+          f"too): {started}")
     # only its pairs exchanged with it (a pair may twice: its reconnect, then kinship's own rejoin), or a
     # peer that found itself paused (speakerResumed: it exchanges with every member, by design, so once with
-    # this one too); kinship's periodic push-pulls (every 30 s per node) add to what the member served.
-    # Before healsync.py every peer exchanged with it (12 served in the measured run)
-    assert set(synced) <= set(paired) | resumed, (synced, paired, resumed)
-    assert exchanges <= 2 * len(paired) + 2 + len(resumed), (exchanges, paired, sorted(resumed), started)
+    # this one too), or a peer's slow reconnect; kinship's periodic push-pulls (every 30 s per node) add to
+    # what the member served. Before healsync.py every peer exchanged with it (12 served in the measured run)
+    assert set(synced) <= set(paired) | resumed, (synced_why, paired, resumed)
+    assert exchanges <= 2 * len(paired) + 2 + len(resumed) + len(slow), (exchanges, paired, sorted(resumed),
+                                                                         slow, started)
