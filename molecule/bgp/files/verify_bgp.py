@@ -482,18 +482,21 @@ print(f"BGP rolling_restart.yml ({took:.1f} s, {len(NODES)} speakers restarted, 
 
 # 8b. a rolling upgrade: site.yml from a source whose version is bumped; the speaker role's handler
 # restarts one node at a time (throttle 1), each speaker leaving its routes to the new one
-UPGRADE = "0.1.1.dev1"
+with open(f"{REPO}/speaker/nocloudlb/__init__.py", encoding="utf-8") as fh:
+    CURRENT = fh.read().split('__version__ = "', 1)[1].split('"', 1)[0]
+UPGRADE = f"{CURRENT}.post1"  # PEP 440: after CURRENT
 src = "/tmp/nocloudlb-upgrade-src"
 subprocess.run(["rm", "-rf", src], check=True)
 os.makedirs(src)
 for part in ("pyproject.toml", "README.md", "speaker", "plugins"):
     subprocess.run(["cp", "-a", f"{REPO}/{part}", src], check=True)
-for path in (f"{src}/pyproject.toml", f"{src}/speaker/nocloudlb/__init__.py"):
+BUMPS = ((f"{src}/pyproject.toml", 'version = "{}"'), (f"{src}/speaker/nocloudlb/__init__.py", '__version__ = "{}"'))
+for path, line in BUMPS:
     with open(path, encoding="utf-8") as fh:
         text = fh.read()
+    check(line.format(CURRENT) in text, f"{path} does not say {line.format(CURRENT)}")
     with open(path, "w", encoding="utf-8") as fh:
-        fh.write(text.replace('version = "0.1.0"', f'version = "{UPGRADE}"', 1)
-                 .replace('__version__ = "0.1.0"', f'__version__ = "{UPGRADE}"', 1))
+        fh.write(text.replace(line.format(CURRENT), line.format(UPGRADE), 1))
 took, seen, polled = watched([f"{BIN}/ansible-playbook", *INVENTORY, f"{REPO}/playbooks/site.yml", "--limit", "nodes",
                               "-e", f"nocloudlb_source_dir={src}"], "rolling_upgrade")
 versions = {n: json.loads(lab.exec(n, [CLI, "status", "-o", "json"]).stdout).get("version") for n in NODES}
