@@ -1,5 +1,5 @@
-"""Planned moves, who answers ARP meanwhile: the previous release (the giver stops at its decision) next
-to this code (the giver hands the VIP off until the taker announces, l2/handoff.py), in one run.
+"""Planned moves, who answers ARP meanwhile: 0.1.0 (the giver stops at its decision) next to this code
+(the giver hands the VIP off until the taker announces, l2/handoff.py), in one run.
 
 For each side: three speakers (``lan`` profile) and a client on a bridge in network namespaces, a VIP led
 by each node, HTTP servers whose answers take 50 ms. Each node in turn is drained (its VIP moves to the
@@ -7,8 +7,8 @@ next node) and undrained (it takes the VIP back), ``--rounds`` times, while the 
 VIP every ``--interval`` s (arp_sampler.py: every MAC that answers one request) and GETs each VIP back to
 back. Printed per side: moves, ARP samples, samples without an answer and with two MACs, the longest
 window of each, failed requests, and the time from the label change to the VIP answered by the new node
-alone (a probe every ~0.2 s, so an upper bound). The previous release is the commit release/previous.json
-names, run from its own tree (tests/netns/previous_release.py).
+alone (a probe every ~0.2 s, so an upper bound). 0.1.0 is the last release without the hand-off (0.2.0
+has it): commit ``--before`` (default 8998b708), run from its own tree (tests/netns/previous_release.py).
 
     sudo .venv/bin/python benchmarks/handoff.py --rounds 3
 """
@@ -30,10 +30,12 @@ sys.path.insert(0, os.path.join(HERE, "..", "tests", "netns"))
 import arp_sampler  # noqa: E402
 from netns import make_segment  # noqa: E402
 from nocloudlb.core.election import DRAIN_LABEL, election_order  # noqa: E402
-from previous_release import check_tree, materialise, previous  # noqa: E402
+from previous_release import check_tree, materialise  # noqa: E402
 from speaker_harness import SpeakerCluster, VipWatch, pool_docs, service_doc, spread_vips  # noqa: E402
 
 NODES = ["n1", "n2", "n3"]
+#: 0.1.0, the last release whose giver stops answering at its decision
+BEFORE = "8998b708baab981bf550ecf4b314afe58d95046a"
 
 
 def label(c: SpeakerCluster, node: str, *args: str) -> None:
@@ -96,15 +98,15 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3, help="drain and undrain of every node, this many times")
     ap.add_argument("--interval", type=float, default=0.02, help="seconds between two ARP samples")
     ap.add_argument("--json", help="also write the results here")
+    ap.add_argument("--before", default=BEFORE, help="the commit to compare with (default: 0.1.0's)")
     a = ap.parse_args()
     if os.geteuid() != 0:
         print("needs root (network namespaces)", file=sys.stderr)
         return 2
-    rel = previous()
     with tempfile.TemporaryDirectory(prefix="nlb-previous-") as prev:
-        root = materialise(Path(prev))
-        check_tree(root)
-        sides = {f"previous release {rel['commit'][:8]} (stops at its decision)": run(root, a.rounds, a.interval),
+        root = materialise(Path(prev), a.before)
+        where = check_tree(root)
+        sides = {f"{where['version']} ({a.before[:8]}: stops at its decision)": run(root, a.rounds, a.interval),
                  "this code (hands off until the taker announces)": run(None, a.rounds, a.interval)}
     print(f"\nplanned moves (drain, undrain), ARP asked every {a.interval * 1000:.0f} ms, lan profile")
     keys = ["moves", "samples", "noAnswer", "longestNoAnswerMs", "twoMacs", "longestTwoMacsMs", "requests",

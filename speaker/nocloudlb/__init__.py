@@ -1,6 +1,6 @@
 """nocloudlb: the speaker daemon and its command line."""
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 #: The number of the wire protocol speakers speak to each other: heartbeat datagrams, gossip metadata
 #: and the peer-view queries and replies. A minor release may only add to it what an older speaker

@@ -1,13 +1,14 @@
 """The previous release's speaker as a source tree a test can run beside the current code.
 
 ``release/previous.json`` names the commit of this repository that is the reference for wire
-compatibility (the last state that passed the full CI). :func:`materialise` writes that commit's
-``speaker/nocloudlb`` and ``plugins/module_utils`` into a directory with ``git archive`` and links
-``speaker/nocloudlb/core`` to the module_utils, which is what the package's ``package-dir`` mapping
-does for an installed speaker (``nocloudlb.core`` is plugins/module_utils). The directory returned
-is the import root: a speaker started with it first on ``PYTHONPATH`` (``python -m nocloudlb.cli``)
-imports that tree, not the editable install of the checkout (whose finder setuptools appends after
-the path finder, so ``PYTHONPATH`` takes precedence). :func:`check_tree` proves it in a subprocess.
+compatibility (the last state that passed the full CI; ``NOCLOUDLB_PREVIOUS=<commit>`` names another).
+:func:`materialise` writes that commit's ``speaker/nocloudlb`` and ``plugins/module_utils`` into a
+directory with ``git archive`` and links ``speaker/nocloudlb/core`` to the module_utils, which is what
+the package's ``package-dir`` mapping does for an installed speaker (``nocloudlb.core`` is
+plugins/module_utils). The directory returned is the import root: a speaker started with it first on
+``PYTHONPATH`` (``python -m nocloudlb.cli``) imports that tree, not the editable install of the checkout
+(whose finder setuptools appends after the path finder, so ``PYTHONPATH`` takes precedence).
+:func:`check_tree` proves it in a subprocess.
 
 Run as a script it materialises the tree and prints the import root::
 
@@ -24,6 +25,7 @@ import subprocess
 import sys
 import tarfile
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 RECORD = REPO / "release" / "previous.json"
@@ -38,6 +40,12 @@ def previous() -> dict:
     return dict(json.loads(RECORD.read_text()))
 
 
+def previous_commit() -> str:
+    """The commit tests take as the previous release: ``NOCLOUDLB_PREVIOUS`` if set (another release to
+    test against, e.g. 0.1.0's 8998b708), else the record's."""
+    return os.environ.get("NOCLOUDLB_PREVIOUS") or str(previous()["commit"])
+
+
 def _git(*args: str, data: bool = False) -> subprocess.CompletedProcess:
     return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, check=False, text=not data,
                           timeout=120)
@@ -47,7 +55,7 @@ def materialise(dest: Path, commit: str | None = None) -> Path:
     """``commit``'s (default: the record's) speaker and core under ``dest``; returns the import root
     (``dest/speaker``). PreviousReleaseError with the reason and the remedy when it cannot be done."""
     rec = previous()
-    commit = commit or rec["commit"]
+    commit = commit or previous_commit()
     if shutil.which("git") is None:
         raise PreviousReleaseError("git is not installed: the previous release's speaker is taken from the "
                                    f"repository's history (commit {commit}, release/previous.json)")
@@ -80,7 +88,7 @@ def env_for(root: Path, base: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def check_tree(root: Path) -> dict[str, str]:
+def check_tree(root: Path) -> dict[str, Any]:
     """Where a Python started with ``root`` on ``PYTHONPATH`` imports ``nocloudlb`` and ``nocloudlb.core``
     from; PreviousReleaseError unless both are under ``root``'s tree (the editable install would win)."""
     code = ("import json, nocloudlb, nocloudlb.core.election as e; "

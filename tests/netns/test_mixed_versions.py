@@ -6,8 +6,8 @@ install).
 
 - Reading each other: each side encodes its gossip metadata and a heartbeat datagram carrying it; the
   other side decodes both. The old side must read everything the new one sends as it reads its own
-  (labels, health, MACs, flags), ignoring the version keys it does not know; the new side reads an old
-  member as one that publishes no version.
+  (labels, health, MACs, flags), ignoring what it does not know; the new side reads an old member
+  with the version it publishes (none from 0.1.0).
 - A rolling upgrade and a rollback on the wire: three real speakers (lan profile), one VIP led by each,
   slow HTTP servers behind them (a request is nearly always in flight). All start from the previous
   release; then one node at a time goes through what ``rolling_restart.yml`` does: drained (its VIP
@@ -15,16 +15,17 @@ install).
   everywhere), undrained, and waited for (every VIP past its checks, answered by its elected node
   alone); then the same back, node by node, to the previous release. Throughout, a client asks ARP
   for every VIP every 0.1 s and records every MAC that answers (arp_sampler.py), and GETs every VIP
-  back to back. No sample may have two owners. Every sample has exactly one, except around the VIP's
-  own leader's drain and undrain when the node giving the VIP up runs the previous release: it stops
-  answering at its decision, and the taker announces once its handover forwarding is in place, a
-  no-answer window a 0.1 s sample catches now and then (at most one per move here). This code hands the
-  VIP off instead (l2/handoff.py: it answers until the taker announces), so a move whose giver is new
-  leaves no such window (tests/netns/test_l2_handoff.py measures it every 20 ms). No GET fails: at
+  back to back. No sample may have two owners, and every sample has exactly one when the previous
+  release hands a VIP off as this code does (its tree has l2/handoff.py: the giver answers until the
+  taker announces). A previous release without it (0.1.0) stops answering at its decision and the
+  taker announces once its handover forwarding is in place: a no-answer window around the VIP's own
+  leader's drain and undrain that a 0.1 s sample catches now and then, allowed then and only there.
+  What the old side can do is read from its tree, so ``NOCLOUDLB_PREVIOUS=<commit>`` runs the test
+  against any other commit (0.1.0's is 8998b708). No GET fails: at
   each move the new owner passes the connections in flight on to the node giving the VIP up
   (handover forwarding, which both versions run, whichever side is old). While the cluster is mixed,
   the new members' status answers, and ``nocloudlb status --cluster`` asked of a new member, show
-  both versions (an old member as "-": it publishes none).
+  both versions (a 0.1.0 member as "-": it publishes none).
 """
 
 from __future__ import annotations
@@ -36,13 +37,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import arp_sampler
 import pytest
 from nocloudlb import WIRE_VERSION, __version__
 from nocloudlb.core.election import DRAIN_LABEL
 from nocloudlb.membership import generate_key
-from previous_release import check_tree, env_for, materialise, previous
+from previous_release import check_tree, env_for, materialise, previous_commit
 from speaker_harness import HttpPoller, SpeakerCluster, VipWatch, pool_docs, service_doc, spread_vips
 
 pytestmark = pytest.mark.timeout(600)
@@ -50,9 +52,9 @@ NODES = ["n1", "n2", "n3"]
 INTERVAL, WINDOW = 0.1, 0.08
 #: rolling_restart.yml's grace_period: the drained node serves the connections passed on to it meanwhile
 GRACE = 2.0
-#: The longest no-answer window allowed, and only on the restarted node's own VIP while it takes it back:
-#: the interim owner withdraws, then the node runs its RFC 5227 check (about 0.3 s) before it announces.
-#: Measured 0.3-0.5 s, the same with the previous release alone on every node.
+#: With a previous release that does not hand off (0.1.0): the longest no-answer window allowed, and only
+#: on the restarted node's own VIP while it takes it back (the interim owner withdraws, then the node runs
+#: its RFC 5227 check, about 0.3 s, before it announces). Measured 0.3-0.5 s, the same with 0.1.0 alone.
 TAKEBACK_MAX = 1.0
 
 #: Run by each side's Python: encodes its metadata and a heartbeat carrying it, and decodes what the other
@@ -90,13 +92,31 @@ def netns_prefix() -> str:
     return "nmv"
 
 
+class Old(NamedTuple):
+    """The previous release's import root and what its tree can do."""
+
+    root: Path
+    version: str | None  # what it publishes (None: nothing, as 0.1.0)
+    wire: int | None
+    hands_off: bool  # l2/handoff.py: it answers a VIP it gives up until the taker announces
+
+
 @pytest.fixture(scope="module")
-def old_root(tmp_path_factory) -> Path:
-    """The previous release's import root, checked to import from its own tree."""
+def old(tmp_path_factory) -> Old:
+    """The previous release (or ``NOCLOUDLB_PREVIOUS``'s commit), checked to import from its own tree."""
     root = materialise(tmp_path_factory.mktemp("previous"))
     where = check_tree(root)
-    print(f"previous release {previous()['commit'][:12]} ({previous()['date']}) from {where['nocloudlb']}")
-    return root
+    wire = where["wire"]
+    found = Old(root, where["version"] if wire is not None else None, wire,
+                (root / "nocloudlb" / "l2" / "handoff.py").is_file())
+    print(f"previous release {previous_commit()[:12]} from {where['nocloudlb']}: version {found.version}, wire "
+          f"{found.wire}, hands off {found.hands_off}")
+    return found
+
+
+def published(old: Old) -> tuple[str, int | None]:
+    """How this code reads an old member's version: what it publishes, or ("", None) for none."""
+    return (old.version, old.wire) if old.version is not None else ("", None)
 
 
 def codec_run(root: Path | None, key: str, other: dict | None = None) -> dict:
@@ -107,28 +127,35 @@ def codec_run(root: Path | None, key: str, other: dict | None = None) -> dict:
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
-def test_each_version_reads_what_the_other_sends(old_root):
+def test_each_version_reads_what_the_other_sends(old):
+    old_root = old.root
     key = generate_key()
     old0, new0 = codec_run(old_root, key), codec_run(None, key)
     assert Path(old0["file"]).resolve().is_relative_to(old_root.parent.resolve()), old0["file"]
-    assert old0["wire"] is None and new0["wire"] == WIRE_VERSION, (old0, new0)
-    assert set(new0["sent"]["meta"]) - set(old0["sent"]["meta"]) == {"n", "p"}, new0["sent"]["meta"]
-    assert {k: v for k, v in new0["sent"]["meta"].items() if k not in ("n", "p")} == old0["sent"]["meta"]
+    assert old0["wire"] == old.wire and new0["wire"] == WIRE_VERSION, (old0, new0)
+    versioned = {"n", "p"}  # the metadata keys that carry the version and the wire version
+    assert set(new0["sent"]["meta"]) - set(old0["sent"]["meta"]) == (versioned if old.wire is None else set())
+    assert {k: v for k, v in new0["sent"]["meta"].items() if k not in versioned} == \
+        {k: v for k, v in old0["sent"]["meta"].items() if k not in versioned}
     old_reads_new = codec_run(old_root, key, new0["sent"])
     old_reads_old = codec_run(old_root, key, old0["sent"])
     new_reads_old = codec_run(None, key, old0["sent"])
     new_reads_new = codec_run(None, key, new0["sent"])
-    # the old speaker reads a new member exactly as it reads an old one: the added keys are ignored
-    assert old_reads_new["read"] == old_reads_old["read"], (old_reads_new["read"], old_reads_old["read"])
+    # the old speaker reads a new member exactly as it reads an old one (the keys it does not know are
+    # ignored), but for the version, if it reads one
+    unversioned = {k: v for k, v in old_reads_old["read"].items() if k not in ("version", "wireVersion")}
+    assert {k: v for k, v in old_reads_new["read"].items() if k not in ("version", "wireVersion")} == unversioned
+    if old.wire is not None:
+        assert (old_reads_new["read"]["version"], old_reads_new["read"]["wireVersion"]) == (__version__, WIRE_VERSION)
     assert old_reads_new["read"]["known"] and not old_reads_new["read"]["error"], old_reads_new["read"]
     assert old_reads_new["read"]["healthy"] == ["test/svc1", "test/svc2"]
     assert old_reads_new["packet"]["meta"] == new0["sent"]["meta"], old_reads_new["packet"]
     assert old_reads_new["packet"]["flags"] == old_reads_old["packet"]["flags"] == [True, True, True, False]
     assert old_reads_new["packet"]["fields"] == old_reads_old["packet"]["fields"]
-    # the new speaker reads an old member as one without a version, everything else the same
+    # the new speaker reads an old member with the version it publishes (none: ""), everything else the same
     common = {k: v for k, v in new_reads_new["read"].items() if k not in ("version", "wireVersion")}
     assert {k: v for k, v in new_reads_old["read"].items() if k not in ("version", "wireVersion")} == common
-    assert (new_reads_old["read"]["version"], new_reads_old["read"]["wireVersion"]) == ("", None)
+    assert (new_reads_old["read"]["version"], new_reads_old["read"]["wireVersion"]) == published(old)
     assert (new_reads_new["read"]["version"], new_reads_new["read"]["wireVersion"]) == (__version__, WIRE_VERSION)
     print(f"old reads new: {old_reads_new['read']}; new reads old: {new_reads_old['read']}")
 
@@ -189,17 +216,17 @@ def versions(c: SpeakerCluster) -> dict[str, dict]:
     return out
 
 
-def check_mixed(c: SpeakerCluster, new: set[str], label: str) -> str:
+def check_mixed(c: SpeakerCluster, old: Old, new: set[str], label: str) -> str:
     """Every new node's status shows every member's version; ``status --cluster`` says the cluster is mixed."""
     seen = versions(c)
     for n in NODES:
         if n in new:
             assert seen[n]["own"] == (__version__, WIRE_VERSION), (label, n, seen[n])
-            want = {m: (__version__, WIRE_VERSION) if m in new else ("", None) for m in NODES}
+            want = {m: (__version__, WIRE_VERSION) if m in new else published(old) for m in NODES}
             c.wait(lambda n=n, want=want: versions(c)[n]["members"] == want, 10,
                    f"{label}: {n} sees every member's version")
-        else:
-            assert seen[n]["own"] == (None, None), (label, n, seen[n])  # an old speaker: no version fields
+        else:  # an old speaker: its own version, or no version fields at all (0.1.0)
+            assert seen[n]["own"] == (old.version, old.wire), (label, n, seen[n])
     if not new or new == set(NODES):
         return ""
     asker = sorted(new)[0]
@@ -207,7 +234,8 @@ def check_mixed(c: SpeakerCluster, new: set[str], label: str) -> str:
                                        "--cluster", "-o", "json"], check=False, timeout=30)
     view = json.loads(res.stdout)
     assert res.returncode == 0, res.stdout + res.stderr
-    assert {m["name"]: m["version"] for m in view["members"]} == {m: __version__ if m in new else "" for m in NODES}
+    assert {m["name"]: m["version"] for m in view["members"]} == \
+        {m: __version__ if m in new else published(old)[0] for m in NODES}
     assert all(v["verdict"] == "ok" for v in view["vips"]), view["vips"]
     table = c.seg.run(c.host(asker).ns, [sys.executable, "-m", "nocloudlb.cli", "status", "--socket",
                                          c.sock(asker), "--cluster"], check=False, timeout=30).stdout
@@ -216,7 +244,8 @@ def check_mixed(c: SpeakerCluster, new: set[str], label: str) -> str:
     return line
 
 
-def test_rolling_upgrade_and_rollback_keep_one_owner_per_vip(make_segment, tmp_path, old_root):
+def test_rolling_upgrade_and_rollback_keep_one_owner_per_vip(make_segment, tmp_path, old):
+    old_root = old.root
     vips = spread_vips(NODES)
     docs = pool_docs() + [service_doc(f"svc{i}", [ip]) for i, ip in enumerate(sorted(vips))]
     c = SpeakerCluster(make_segment(hosts=3), tmp_path / "cluster", profile="lan", resources=docs)
@@ -225,7 +254,7 @@ def test_rolling_upgrade_and_rollback_keep_one_owner_per_vip(make_segment, tmp_p
         c.source[n] = old_root
     c.start_all(timeout=40)
     settle(c, vips, "start (all previous release)")
-    check_mixed(c, set(), "all old")
+    check_mixed(c, old, set(), "all old")
     samples = tmp_path / "samples.jsonl"
     watch = VipWatch(c, vips, samples, INTERVAL, WINDOW, 900)
     polls = watch.polls
@@ -235,11 +264,11 @@ def test_rolling_upgrade_and_rollback_keep_one_owner_per_vip(make_segment, tmp_p
     for node in NODES:  # upgrade, one node at a time
         steps.append(roll(c, vips, node, None, f"upgrade {node}", polls))
         new.add(node)
-        mixed_lines.append(check_mixed(c, new, f"upgrade {node}"))
+        mixed_lines.append(check_mixed(c, old, new, f"upgrade {node}"))
     for node in NODES:  # rollback, one node at a time
         steps.append(roll(c, vips, node, old_root, f"rollback {node}", polls))
         new.discard(node)
-        mixed_lines.append(check_mixed(c, new, f"rollback {node}"))
+        mixed_lines.append(check_mixed(c, old, new, f"rollback {node}"))
     for ip, leader in vips.items():
         c.wait(lambda ip=ip, leader=leader: polls[ip].served_by(leader, steps[-1]["settled"]), 15,
                f"{ip} served by {leader} at the end")
@@ -274,6 +303,8 @@ def test_rolling_upgrade_and_rollback_keep_one_owner_per_vip(make_segment, tmp_p
         if line:
             print(f"  {line}")
     assert all(counts[ip][2] == 0 for ip in vips), counts  # never two owners
+    if old.hands_off:  # both sides hand a VIP off: one owner in every sample, drains and undrains included
+        assert all(counts[ip][0] == 0 for ip in vips), (counts, phase)
     # no answer only while the VIP's own leader restarts: its handover (ms) and its take-back (RFC 5227 check)
     assert not stray, f"no owner outside the leader's restart (VIP, s from the start): {stray}"
     assert max(gaps.values()) <= TAKEBACK_MAX, gaps
