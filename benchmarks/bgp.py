@@ -234,12 +234,7 @@ class RouterEvents:
 
 
 def wait_for(pred, timeout: float, step: float = 0.01):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(step)
+    return labctl.wait_for(pred, timeout, step)
 
 
 def until(pred, timeout: float) -> float | None:

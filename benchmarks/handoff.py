@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,17 +37,6 @@ NODES = ["n1", "n2", "n3"]
 BEFORE = "8998b708baab981bf550ecf4b314afe58d95046a"
 
 
-def label(c: SpeakerCluster, node: str, *args: str) -> None:
-    out = subprocess.run([sys.executable, "-m", "nocloudlb.cli", "label", "--socket", c.sock(node), *args],
-                         capture_output=True, text=True, timeout=10, check=False)
-    if out.returncode:
-        raise RuntimeError(out.stdout + out.stderr)
-
-
-def answered_by(c: SpeakerCluster, ip: str, node: str) -> bool:
-    return [a["mac"] for a in c.probe(ip, 0.2)] == [c.mac(node)]
-
-
 def run(root: Path | None, rounds: int, interval: float) -> dict:
     """One side: ``root`` None runs this code, else the previous release's tree."""
     with tempfile.TemporaryDirectory(prefix="nlb-handoff-") as tmp, make_segment("nhf", hosts=3) as seg:
@@ -62,7 +50,7 @@ def run(root: Path | None, rounds: int, interval: float) -> dict:
         c.wait(lambda: all(c.members_alive(n) == set(NODES) for n in NODES), 40, "full membership")
         c.wait(c.settled, 30, "every VIP past its checks")
         for ip, leader in vips.items():
-            c.wait(lambda ip=ip, leader=leader: answered_by(c, ip, leader), 20, f"{ip} answered by {leader}")
+            c.wait(lambda ip=ip, leader=leader: c.answered_by(ip, leader), 20, f"{ip} answered by {leader}")
         watch = VipWatch(c, vips, Path(tmp) / "samples.jsonl", interval, interval * 0.75, rounds * 30 + 60)
         t0 = time.time()
         took = []
@@ -72,8 +60,8 @@ def run(root: Path | None, rounds: int, interval: float) -> dict:
                 for node, args, owner in ((leader, ("set", f"{DRAIN_LABEL}=true"), nxt),
                                           (leader, ("unset", DRAIN_LABEL), leader)):
                     t = time.time()
-                    label(c, node, *args)
-                    c.wait(lambda ip=ip, owner=owner: answered_by(c, ip, owner), 15, f"{ip} answered by {owner}")
+                    c.label(node, *args)
+                    c.wait(lambda ip=ip, owner=owner: c.answered_by(ip, owner), 15, f"{ip} answered by {owner}")
                     took.append(time.time() - t)
                     time.sleep(0.5)
         time.sleep(0.3)

@@ -79,12 +79,7 @@ def next_hops(lab: labctl.Lab, prefix: str) -> set[str]:
 
 
 def wait_for(pred, timeout: float, step: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(step)
+    return labctl.wait_for(pred, timeout, step)
 
 
 def session(lab: labctl.Lab, addr: str) -> dict:

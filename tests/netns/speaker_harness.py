@@ -230,6 +230,19 @@ class SpeakerCluster:
     def owner_of(self, mac: str) -> str | None:
         return next((n for n in self.names if self.mac(n) == mac), None)
 
+    def answered_by(self, ip: str, name: str, timeout: float = 0.2) -> bool:
+        """``name``'s MAC and no other answers ``ip`` (one probe from the client)."""
+        return [a["mac"] for a in self.probe(ip, timeout)] == [self.mac(name)]
+
+    # -- acting ----------------------------------------------------------------------------
+    def label(self, name: str, *args: str) -> None:
+        """``nocloudlb label ARGS`` (this code's CLI) on ``name``'s control socket, whatever version runs
+        there; RuntimeError with what the CLI said when it fails."""
+        out = subprocess.run([sys.executable, "-m", "nocloudlb.cli", "label", "--socket", self.sock(name), *args],
+                             capture_output=True, text=True, timeout=10, check=False)
+        if out.returncode:
+            raise RuntimeError(f"nocloudlb label {' '.join(args)} on {name}: {out.stdout}{out.stderr}")
+
 
 SLOW_HTTP = r"""
 import http.server, socket, sys, time

@@ -28,6 +28,7 @@ import time
 import pytest
 from conn_survival import LOAD_CODE, Sync
 from dataplane_harness import VIP, backends_of, prepare, resources
+from nocloudlb.dataplane.connsync import SKIP_AFTER
 from speaker_harness import Capture, SpeakerCluster
 
 pytestmark = [pytest.mark.timeout(150),
@@ -42,13 +43,15 @@ def netns_prefix() -> str:
     return "ncy"
 
 
-@pytest.mark.parametrize(("enabled", "hung"), [(True, False), (False, False), (True, True)],
-                         ids=["sync", "control", "hung"])
+@pytest.mark.parametrize(("enabled", "hung"), [(True, False), (False, False), (True, "now"), (True, "before")],
+                         ids=["sync", "control", "hung", "hung-seen"])
 def test_a_killed_owner_loses_no_held_connection_with_connection_sync(make_segment, tmp_path, enabled, hung):
     """``control``: conntrackd runs and syncs as well, but the speaker does not commit: about half the
     held connections are reset (round robin sends them to the other server). ``hung``: the survivor's
-    conntrackd is stopped (SIGSTOP) before the owner dies: the commit is killed at its timeout and
-    the takeover goes on without the state, late by that timeout only."""
+    conntrackd is stopped (SIGSTOP) as the owner dies: the commit is killed at its timeout and the
+    takeover goes on without the state, late by that timeout only. ``hung-seen``: stopped long enough
+    before for the survivor's health checks to miss it twice: the commit is not tried (``skipped``)
+    and the takeover is not late at all."""
     seg = make_segment(hosts=2)
     docs = resources("fullnat", "rr", ports=((80, "TCP"),), snatAddress=VIP)
     cluster = SpeakerCluster(seg, tmp_path, resources=docs, memberlist_extra={"witness": seg.client.ipv4})
@@ -89,6 +92,9 @@ def test_a_killed_owner_loses_no_held_connection_with_connection_sync(make_segme
 
         if hung:
             sync.procs[oi].send_signal(signal.SIGSTOP)  # the conntrackd we started, by its PID
+        if hung == "before":
+            cluster.wait(lambda: cluster.status(other)["connectionSync"]["missedChecks"] >= SKIP_AFTER, 15,
+                         f"{other}'s health checks missing its conntrackd {SKIP_AFTER} times")
         killed = cluster.stop(leader, signal.SIGKILL)
         sync.kill(li)
         seg.run(cluster.host(leader).ns, "sysctl -qw net.ipv4.ip_forward=0")  # a dead node forwards nothing
@@ -112,6 +118,14 @@ def test_a_killed_owner_loses_no_held_connection_with_connection_sync(make_segme
             return
 
         last = st["lastCommit"]
+        if hung == "before":
+            sync.procs[oi].send_signal(signal.SIGCONT)
+            assert st["commits"]["skipped"] == before["skipped"] + 1 and st["commits"]["timeout"] == 0, st
+            assert last["result"] == "skipped" and last["seconds"] < 0.05, st
+            assert garps and last["at"] <= garps[0]["ts"], (last, garps)
+            print(f"\nconntrackd seen hung: commit skipped in {last['seconds']} s, takeover "
+                  f"{garps[0]['ts'] - killed:.3f} s after the kill, {result['broken']} of {HELD} reset")
+            return
         if hung:
             sync.procs[oi].send_signal(signal.SIGCONT)
             assert st["commits"]["timeout"] == before["timeout"] + 1, st

@@ -18,8 +18,6 @@ than one sample, at most two such samples in the run.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 
 import arp_sampler
@@ -38,16 +36,6 @@ def netns_prefix() -> str:
     return "nho"
 
 
-def label(c: SpeakerCluster, node: str, *args: str) -> None:
-    out = subprocess.run([sys.executable, "-m", "nocloudlb.cli", "label", "--socket", c.sock(node), *args],
-                         capture_output=True, text=True, timeout=10, check=False)
-    assert out.returncode == 0, out.stdout + out.stderr
-
-
-def answered_by(c: SpeakerCluster, ip: str, node: str) -> bool:
-    return [a["mac"] for a in c.probe(ip, 0.2)] == [c.mac(node)]
-
-
 def test_drain_and_undrain_leave_no_sample_without_an_owner(make_segment, tmp_path):
     vips = spread_vips(NODES)
     docs = pool_docs() + [service_doc(f"svc{i}", [ip]) for i, ip in enumerate(sorted(vips))]
@@ -56,7 +44,7 @@ def test_drain_and_undrain_leave_no_sample_without_an_owner(make_segment, tmp_pa
     c.wait(lambda: all(c.members_alive(n) == set(NODES) for n in NODES), 40, "full membership")
     c.wait(c.settled, 30, "every VIP past its checks")
     for ip, leader in vips.items():
-        c.wait(lambda ip=ip, leader=leader: answered_by(c, ip, leader), 20, f"{ip} answered by {leader} alone")
+        c.wait(lambda ip=ip, leader=leader: c.answered_by(ip, leader), 20, f"{ip} answered by {leader} alone")
     samples = tmp_path / "samples.jsonl"
     watch = VipWatch(c, vips, samples, INTERVAL, WINDOW, 300)
     polls = watch.polls
@@ -66,13 +54,13 @@ def test_drain_and_undrain_leave_no_sample_without_an_owner(make_segment, tmp_pa
         for ip, leader in vips.items():
             nxt = next(n for n in election_order(NODES, ip) if n != leader)
             t = time.time()
-            label(c, leader, "set", f"{DRAIN_LABEL}=true")
-            c.wait(lambda ip=ip, nxt=nxt: answered_by(c, ip, nxt), 15, f"{ip} answered by {nxt} after the drain")
+            c.label(leader, "set", f"{DRAIN_LABEL}=true")
+            c.wait(lambda ip=ip, nxt=nxt: c.answered_by(ip, nxt), 15, f"{ip} answered by {nxt} after the drain")
             moves.append((ip, t, time.time()))
             time.sleep(0.5)
             t = time.time()
-            label(c, leader, "unset", DRAIN_LABEL)
-            c.wait(lambda ip=ip, leader=leader: answered_by(c, ip, leader), 15,
+            c.label(leader, "unset", DRAIN_LABEL)
+            c.wait(lambda ip=ip, leader=leader: c.answered_by(ip, leader), 15,
                    f"{ip} answered by {leader} after the undrain")
             moves.append((ip, t, time.time()))
             time.sleep(0.5)

@@ -164,19 +164,12 @@ def settle(c: SpeakerCluster, vips: dict[str, str], what: str) -> None:
     c.wait(lambda: all(c.members_alive(n) == set(NODES) for n in NODES), 40, f"{what}: full membership")
     c.wait(c.settled, 30, f"{what}: every VIP past its checks")
     for ip, leader in vips.items():
-        c.wait(lambda ip=ip, leader=leader: [a["mac"] for a in c.probe(ip)] == [c.mac(leader)], 20,
+        c.wait(lambda ip=ip, leader=leader: c.answered_by(ip, leader, 0.5), 20,
                f"{what}: {ip} answered by {leader} alone")
 
 
 def served_by_other(poll: HttpPoller, node: str, since: float, streak: int = 3) -> bool:
     return sum(1 for s in list(poll.samples) if s["t"] > since and s["ok"] and s["body"] != node) >= streak
-
-
-def label(c: SpeakerCluster, node: str, *args: str) -> None:
-    """``nocloudlb label ARGS`` (this code's CLI) on ``node``'s control socket, whatever its version."""
-    out = subprocess.run([sys.executable, "-m", "nocloudlb.cli", "label", "--socket", c.sock(node), *args],
-                         capture_output=True, text=True, timeout=10, check=False)
-    assert out.returncode == 0, out.stdout + out.stderr
 
 
 def roll(c: SpeakerCluster, vips: dict[str, str], node: str, root: Path | None, label_: str,
@@ -186,7 +179,7 @@ def roll(c: SpeakerCluster, vips: dict[str, str], node: str, root: Path | None, 
     with SIGTERM, start it from ``root`` (None: this code), wait until it is ready (full membership),
     undrain it and wait until settled (its VIP back, answered by it alone)."""
     t_drain = time.time()
-    label(c, node, "set", f"{DRAIN_LABEL}=true")
+    c.label(node, "set", f"{DRAIN_LABEL}=true")
     for ip in (ip for ip, leader in vips.items() if leader == node):
         c.wait(lambda ip=ip: served_by_other(polls[ip], node, t_drain), 15,
                f"{label_}: {ip} served by another node once {node} is drained")
@@ -200,7 +193,7 @@ def roll(c: SpeakerCluster, vips: dict[str, str], node: str, root: Path | None, 
     t_start = time.time()
     c.start(node)
     c.wait(lambda: all(c.members_alive(n) == set(NODES) for n in NODES), 40, f"{label_}: full membership")
-    label(c, node, "unset", DRAIN_LABEL)
+    c.label(node, "unset", DRAIN_LABEL)
     settle(c, vips, label_)
     return {"label": label_, "node": node, "drain": t_drain, "stop": t_stop, "start": t_start, "settled": time.time()}
 

@@ -94,17 +94,11 @@ def hops(prefix: str) -> set[str]:
 
 
 def wait_for(pred, timeout: float, step: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(step)
+    return labctl.wait_for(pred, timeout, step)
 
 
 def timed(pred, timeout: float) -> float | None:
-    t0 = time.monotonic()
-    return time.monotonic() - t0 if wait_for(pred, timeout) else None
+    return labctl.timed(pred, timeout, 0.05)
 
 
 def status(node: str) -> dict:

@@ -12,7 +12,9 @@ state before the clients' traffic arrives.
 
 Bounded: the commit waits at most ``commitTimeout`` seconds (default 0.3); past it the client process
 is killed by its PID and the takeover goes on without the state (result ``timeout``). A conntrackd
-that is down, hangs or answers garbage costs a takeover at most that, never more. Only the commit is
+that is down, hangs or answers garbage costs a takeover at most that, never more; and nothing at all
+once the health thread below has seen it miss ``SKIP_AFTER`` checks in a row (about 2 s): the commit
+is not tried (result ``skipped``), since it could only fail or hang. Only the commit is
 on the takeover's path; conntrackd's documented primary steps after it (``-f`` flush, ``-R`` resync,
 ``-B`` bulk send) are left out: in an active-active cluster the external cache also holds the flows of
 the VIPs the peer still leads, which a flush would lose until the peer's next bulk send.
@@ -51,7 +53,8 @@ log = logging.getLogger("nocloudlb.dataplane")
 POLL = 1.0  # s between two ``conntrackd -s network``
 PEER_SILENCE = 5.0  # s without a received sync packet: the peer is down
 STATS_TIMEOUT = 1.0  # s: a statistics request that takes longer counts as no answer
-RESULTS = ("ok", "failed", "timeout", "error")
+SKIP_AFTER = 2  # health checks missed in a row after which a takeover does not try the commit
+RESULTS = ("ok", "failed", "timeout", "error", "skipped")
 _RECV = re.compile(r"^\s*(\d+)\s+Pckts sent\s+(\d+)\s+Pckts recv", re.MULTILINE)
 
 
@@ -86,6 +89,7 @@ class ConnSync:
         self._recv: int | None = None  # received packets at the last answer
         self._recv_changed = 0.0  # monotonic time the count last grew (0: never seen)
         self._watched_since = 0.0  # monotonic time the daemon answered first, in its current run of answers
+        self._misses = 0  # health checks in a row without an answer
 
     def start(self) -> None:
         os.makedirs(os.path.dirname(self.conf), exist_ok=True)
@@ -113,9 +117,15 @@ class ConnSync:
     # -- the takeover's commit -------------------------------------------------------------
     def commit(self, vips: list[str]) -> dict[str, Any]:
         """``conntrackd -c``, waiting at most ``commit_timeout`` s (then the client is killed by its PID).
+        Not tried when the daemon missed its last ``SKIP_AFTER`` health checks (result ``skipped``).
         Never raises; returns (and keeps as ``last``) {at, vips, seconds, result, detail}."""
         t0 = time.monotonic()
         result, detail = "ok", ""
+        with self._lock:
+            misses, error = self._misses, self.daemon_error
+        if misses >= SKIP_AFTER:
+            return self._record(vips, t0, "skipped", f"conntrackd missed its last {misses} health checks "
+                                                     f"({error}): the takeover does not wait for it")
         try:
             proc = subprocess.Popen([self.settings.binary, "-C", self.conf, "-c"], stdin=subprocess.DEVNULL,
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -131,6 +141,9 @@ class ConnSync:
                 proc.kill()  # by its PID: this very client, nothing else
                 proc.communicate()
                 result, detail = "timeout", f"no answer in {self.settings.commit_timeout:g} s: killed"
+        return self._record(vips, t0, result, detail)
+
+    def _record(self, vips: list[str], t0: float, result: str, detail: str) -> dict[str, Any]:
         seconds = time.monotonic() - t0
         last = {"at": time.time(), "vips": sorted(vips)[:20], "seconds": round(seconds, 4), "result": result,
                 "detail": detail}
@@ -166,11 +179,13 @@ class ConnSync:
     def observe(self, recv: int | None, error: str, now: float) -> None:
         with self._lock:
             if recv is None:
+                self._misses += 1
                 self.daemon_up, self.daemon_error = False, error
                 self._recv, self._recv_changed, self._watched_since = None, 0.0, 0.0
                 return
             if not self.daemon_up:
                 self._watched_since = now
+            self._misses = 0
             self.daemon_up, self.daemon_error = True, ""
             if self._recv is not None and recv > self._recv:
                 self._recv_changed = now
@@ -191,7 +206,8 @@ class ConnSync:
         with self._lock:
             return {"enabled": True, "socket": self.settings.socket, "commitTimeout": self.settings.commit_timeout,
                     "daemon": "unknown" if self.daemon_up is None else ("up" if self.daemon_up else "down"),
-                    "daemonError": self.daemon_error, "peer": peer, "received": self._recv,
+                    "daemonError": self.daemon_error, "missedChecks": self._misses, "peer": peer,
+                    "received": self._recv,
                     "lastCommit": dict(self.last), "commits": dict(self.commits)}
 
 

@@ -223,9 +223,6 @@ class L2Announcer:
             self._poller.close()
             self._loop.thread = None
 
-    #: the daemon may pass ``hand_off`` to set_announced (test doubles of the announcer do not take it)
-    hands_off = True
-
     def set_announced(self, vips: dict[str, list[str]], skip_check: Iterable[str] = (),
                       hand_off: Mapping[str, Iterable[bytes]] | None = None, hand_off_seconds: float = 2.5) -> None:
         """Make ``vips`` (ip -> interfaces, [] = every eligible one) the announced set.

@@ -225,7 +225,7 @@ class L2Mode:
         kept = {ip: ifs for ip, ifs in self._announced.items() if ip in final}
         if len(kept) != len(self._announced):
             handing = {}
-            if getattr(self.announcer, "hands_off", False) and not self.arp_unsafe:
+            if not self.arp_unsafe:
                 handing = handoffs((ip for ip in self._announced if ip not in final), rows, me, states,
                                    self._member_macs(), quorum)
             if handing:
@@ -310,8 +310,7 @@ class L2Mode:
     def withdraw_all(self) -> None:
         self._applied = None  # the next apply runs in full
         self.announcer.set_announced({})
-        if hasattr(self.announcer, "end_handoffs"):
-            self.announcer.end_handoffs()  # fail closed: nothing answered, hand-offs included
+        self.announcer.end_handoffs()  # fail closed: nothing answered, hand-offs included
         self._announced = {}
         self._fwd.withdraw_all()
         with self._lock:
@@ -326,7 +325,7 @@ class L2Mode:
                 "conflicts": sorted(l2.conflicts.values(), key=lambda c: c["ip"]),
                 "announced": sorted(self._announced) if len(self._announced) <= 1000 else len(self._announced),
                 "forwarding": fwd,
-                "handingOff": getattr(self.announcer, "handing_off", dict)(),  # answered until the taker announces
+                "handingOff": self.announcer.handing_off(),  # answered until the taker announces
                 "responder": getattr(self.announcer, "responder_status", dict)(),  # answer: alarm when not up
                 "interfaces": getattr(self.announcer, "interface_report", dict)(),  # issue 20 part 6
                 "quorum": self.quorum(), "wire": self.wire.status(),

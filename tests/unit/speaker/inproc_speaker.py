@@ -21,7 +21,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +75,8 @@ def vips_led(nodes: list[str], per_node: int = 2) -> dict[str, str]:
 
 
 class Journal(list):
-    """Every side effect, in order: ("announce", {ip: ifaces}, skip), ("lo", {ips}), ("reannounce", [ips])."""
+    """Every side effect, in order: ("announce", {ip: ifaces}, skip), ("handOff", [ips], seconds), ("lo", {ips}),
+    ("reannounce", [ips])."""
 
     def announced(self) -> dict[str, list[str]]:
         last = [e for e in self if e[0] == "announce"]
@@ -99,6 +100,7 @@ class RecordingAnnouncer:
         self.fail = 0
         self.times: list[tuple[float, dict]] = []
         self.ifaces = ["eth0"]
+        self.handoffs: dict[str, float] = {}  # ip -> when its hand-off began (no bound: a record only)
 
     def start(self) -> None:
         pass
@@ -106,13 +108,27 @@ class RecordingAnnouncer:
     def stop(self) -> None:
         pass
 
-    def set_announced(self, vips: dict[str, list[str]], skip_check: Any = ()) -> None:
+    def set_announced(self, vips: dict[str, list[str]], skip_check: Any = (),
+                      hand_off: Mapping[str, Any] | None = None, hand_off_seconds: float = 2.5) -> None:
         if self.fail:
             self.fail -= 1
             raise OSError("injected failure")
         self.current = {ip: list(v) for ip, v in vips.items()}
-        self.times.append((time.monotonic(), dict(self.current)))
+        for ip in self.current:
+            self.handoffs.pop(ip, None)  # given back: announced again
+        now = time.monotonic()
+        self.handoffs.update({ip: now for ip in hand_off or {} if ip not in self.current})
+        self.times.append((now, dict(self.current)))
         self.journal.append(("announce", dict(self.current), set(skip_check)))
+        if hand_off:
+            self.journal.append(("handOff", sorted(hand_off), hand_off_seconds))
+
+    def end_handoffs(self) -> None:
+        self.handoffs.clear()
+
+    def handing_off(self) -> dict[str, float]:
+        now = time.monotonic()
+        return {ip: round(now - since, 3) for ip, since in self.handoffs.items()}
 
     def reannounce(self, ips: Any) -> list[str]:
         done = [ip for ip in ips if ip in self.current]

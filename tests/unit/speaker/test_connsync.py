@@ -108,6 +108,28 @@ def test_a_hanging_commit_is_killed_at_the_timeout(tmp_path):
         os.kill(pid, 0)  # killed and reaped
 
 
+def test_a_daemon_that_missed_its_health_checks_is_not_waited_for(tmp_path):
+    s = sync_with(tmp_path, "exec sleep 30", timeout=0.2)  # hangs: every health check and commit
+    for n in range(1, connsync.SKIP_AFTER + 1):
+        s.poll(now=float(n))  # each one a second's wait, then no answer
+    calls = len((tmp_path / "calls").read_text().splitlines())
+    t0 = time.monotonic()
+    last = s.commit(["198.51.100.200"])
+    took = time.monotonic() - t0
+    assert last["result"] == "skipped" and took < 0.05, (last, took)
+    assert f"missed its last {connsync.SKIP_AFTER} health checks (no answer in 1 s)" in last["detail"], last
+    assert len((tmp_path / "calls").read_text().splitlines()) == calls  # conntrackd was not even asked
+    assert s.commits["skipped"] == 1
+    s.observe(3, "", 10.0)  # it answers again: the next takeover commits (and waits, bounded) again
+    assert s.commit(["198.51.100.200"])["result"] == "timeout"
+
+
+def test_one_missed_health_check_still_commits(tmp_path):
+    s = sync_with(tmp_path, "exit 0")
+    s.observe(None, "no answer in 1 s", 1.0)  # a slow moment: not yet a reason to skip
+    assert s.commit(["198.51.100.200"])["result"] == "ok"
+
+
 def test_a_missing_binary_never_raises(tmp_path):
     s = ConnSync(ConnectionSync(enabled=True, binary=str(tmp_path / "none")), str(tmp_path), registry=None)
     assert s.commit(["198.51.100.200"])["result"] == "error"
