@@ -15,9 +15,12 @@ install).
   everywhere), undrained, and waited for (every VIP past its checks, answered by its elected node
   alone); then the same back, node by node, to the previous release. Throughout, a client asks ARP
   for every VIP every 0.1 s and records every MAC that answers (arp_sampler.py), and GETs every VIP
-  back to back. No sample may have two owners, and every sample has exactly one when the previous
-  release hands a VIP off as this code does (its tree has l2/handoff.py: the giver answers until the
-  taker announces). A previous release without it (0.1.0) stops answering at its decision and the
+  back to back. No sample may be without an owner when the previous release hands a VIP off as this
+  code does (its tree has l2/handoff.py: the giver answers until the taker announces); a hand-off
+  leaves one instant when both answer (the taker has begun, its announcement has not reached the
+  giver: about a millisecond), which a sample catches now and then (once in 12 moves in one run of
+  five here): allowed as a single sample at a move, at most two in the run, never a window. A
+  previous release without the hand-off (0.1.0) stops answering at its decision and the
   taker announces once its handover forwarding is in place: a no-answer window around the VIP's own
   leader's drain and undrain that a 0.1 s sample catches now and then, allowed then and only there.
   What the old side can do is read from its tree, so ``NOCLOUDLB_PREVIOUS=<commit>`` runs the test
@@ -270,16 +273,19 @@ def test_rolling_upgrade_and_rollback_keep_one_owner_per_vip(make_segment, tmp_p
     counts = {ip: {k: sum(1 for _t, m in smp if min(len(m), 2) == k) for k in (0, 1, 2)} for ip, smp in per_vip.items()}
     gaps = {ip: arp_sampler.longest(smp, (len(m) == 0 for _t, m in smp), t_end) for ip, smp in per_vip.items()}
     phase = {"handover": 0, "take-back": 0}  # no-owner samples: the leader's drain, its take-back (undrain)
-    stray = []
+    stray, crossed = [], []  # not one owner outside the leader's restart; two MACs at one of its moves
     for ip, smp in per_vip.items():
         for t, m in smp:
             step = next((x for x in steps if x["node"] == vips[ip] and x["drain"] <= t <= x["settled"]), None)
-            if m:
+            if len(m) == 1:
                 continue
             if step is None:
-                stray.append((ip, round(t - t0, 2)))
+                stray.append((ip, round(t - t0, 2), len(m)))
+            elif m:
+                crossed.append((ip, round(t - t0, 2), step["label"]))
             else:
                 phase["handover" if t < step["start"] else "take-back"] += 1
+    longest_two = {ip: arp_sampler.longest(smp, (len(m) > 1 for _t, m in smp), t_end) for ip, smp in per_vip.items()}
     print(f"{sum(len(smp) for smp in per_vip.values())} ARP samples over {t_end - t0:.1f} s "
           f"({len(steps)} restarts as rolling_restart.yml does them: drain, SIGTERM, start, undrain)")
     for ip in sorted(vips):
@@ -288,18 +294,21 @@ def test_rolling_upgrade_and_rollback_keep_one_owner_per_vip(make_segment, tmp_p
               f"GETs, {len(failed[ip])} failed ({sorted({f['body'][:40] for f in failed[ip]})}), "
               f"{polls[ip].moves} moves")
     print(f"  samples without an owner: {phase['handover']} while a leader was drained, "
-          f"{phase['take-back']} while it took its VIP back, {len(stray)} elsewhere")
+          f"{phase['take-back']} while it took its VIP back; with two: {crossed}; not one owner elsewhere: {stray}")
     for s in steps:
         print(f"  {s['label']}: stopped {s['stop'] - s['drain']:.2f} s, started {s['start'] - s['drain']:.2f} s "
               f"and settled {s['settled'] - s['drain']:.2f} s after its drain")
     for line in mixed_lines:
         if line:
             print(f"  {line}")
-    assert all(counts[ip][2] == 0 for ip in vips), counts  # never two owners
-    if old.hands_off:  # both sides hand a VIP off: one owner in every sample, drains and undrains included
+    # two MACs for one request: only the instant a hand-off crosses (the taker answers, its announcement
+    # has not reached the giver yet: about a millisecond, test_l2_handoff.py), a single sample at a move,
+    # never a window; a giver that missed the announcement would answer on for a gratuitous round (1.1 s)
+    assert max(longest_two.values()) <= 1.5 * INTERVAL and len(crossed) <= 2, (crossed, longest_two)
+    if old.hands_off:  # both sides hand a VIP off: no sample without an owner, drains and undrains included
         assert all(counts[ip][0] == 0 for ip in vips), (counts, phase)
-    # no answer only while the VIP's own leader restarts: its handover (ms) and its take-back (RFC 5227 check)
-    assert not stray, f"no owner outside the leader's restart (VIP, s from the start): {stray}"
+    # not one owner only while the VIP's own leader restarts: its handover (ms) and its take-back
+    assert not stray, f"not one owner outside the leader's restart (VIP, s from the start, MACs): {stray}"
     assert max(gaps.values()) <= TAKEBACK_MAX, gaps
     # the new owner passes the connections in flight on to the node giving the VIP up (handover
     # forwarding, both versions): no request lost; each VIP moves four times (its leader drained and undrained, twice)
