@@ -172,6 +172,7 @@ bench: deps venv
 	$(PY) benchmarks/arp_latency.py -n 100 --sizes 1,1000 --no-busy --rates 2000,10000 --rate-seconds 0.25
 	$(PY) benchmarks/handover.py --cycles 5
 	$(PY) benchmarks/handoff.py --rounds 1
+	$(PY) benchmarks/take_race.py --moves 40
 	$(PY) benchmarks/dataplane.py --seconds 5
 	$(PY) benchmarks/bgp.py --runs 3
 	$(PY) benchmarks/flow_peers.py --peers 300

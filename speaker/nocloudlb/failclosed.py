@@ -49,6 +49,7 @@ class FailClosed:
             return
         self.note()
         self.rt.steps.run("publish", self.views.publish)
+        self.rt.steps.run("push", self.views.push)
         mine = self.views.published()
         if not (mine is not None and DRAIN_LABEL in mine.labels) and not self._withdrawn_unpublished:
             logs.event(log, "failClosedUnpublished", "cannot publish this node excluded: withdrawing at once",

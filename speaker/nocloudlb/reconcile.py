@@ -3,7 +3,8 @@ steps 1-4 of daemon.py's module docstring).
 
 ``Reconciler.reconcile()``: publish this node's metadata (views.py), build the published view, start
 the optional modes a config asks for (modeset.py), hand the view to every mode behind its barrier,
-note a change of the fail-closed exclusion (failclosed.py), and once per config in use let
+then push the metadata to the heartbeats (peers act on a drain at once: this node's hand-off is armed
+first), note a change of the fail-closed exclusion (failclosed.py), and once per config in use let
 memory.settle() freeze its objects. When the gossip layer stopped, every mode withdraws instead
 (``memberlistClosed``, ``Runtime.closed``: the loop exits). A view that cannot be built raises
 ``StepFailed`` for the loop's barrier.
@@ -56,6 +57,7 @@ class Reconciler:
         self.rt.steps.run("modes", self.modeset.ensure, cfg)
         for m in self.rt.modes:
             m.apply(cfg.node_name, nodes, cfg.parsed)  # behind ModeRunner's barrier
+        self.rt.steps.run("push", self.views.push)  # after the modes: a drain's hand-off is armed before peers act
         self.fail.note()
         if self._settled is not cfg.parsed:  # issue 10: no full collection over the config in a reconcile
             self._settled = cfg.parsed

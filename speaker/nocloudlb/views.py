@@ -40,6 +40,7 @@ class Views:
         self.config = config  # cfg and codec in use
         self.fail_reason = fail_reason  # why this node publishes itself excluded for failing ("" when not)
         self.last_meta: dict[str, str] = {}  # the metadata kinship accepted last: what peers see
+        self._pushed: dict[str, str] | None = None  # the metadata last handed to the heartbeats (``push``)
         self.meta_error = ""
         self.peers: dict[str, PeerInfo] = {}
         self._peer_configs: dict[str, str] = {}
@@ -120,6 +121,14 @@ class Views:
         if self.rt.quorum is not None:
             self.rt.heartbeat.set_quorum_basis(*self.rt.quorum.basis(members))
 
+    def push(self) -> None:
+        """Hand the published metadata to the heartbeats too, so peers get it at once (a drain), not a gossip
+        round later. Called after the modes applied it: a peer that hears of this node's drain takes its
+        VIPs at once, and this node's hand-off must be armed by then (else both answer until it decides)."""
+        if self.rt.heartbeat is not None and self.last_meta and self.last_meta is not self._pushed:
+            self.rt.heartbeat.set_meta(self.last_meta)
+            self._pushed = self.last_meta
+
     def publish(self) -> None:
         assert self.rt.membership is not None
         meta = self.meta()
@@ -129,8 +138,6 @@ class Views:
             self.rt.membership.set_meta(meta)
             self.last_meta = meta
             self.meta_error = ""
-            if self.rt.heartbeat is not None:
-                self.rt.heartbeat.set_meta(meta)  # published: peers get it at once (a drain), not a gossip round later
         except kinship.MetaTooLarge:
             self.meta_error = "metadata larger than 512 bytes"
             logs.event(log, "metadataTooLarge", "labels used by node selectors do not fit in 512 bytes; "

@@ -334,9 +334,10 @@ class L2Agent:
         return out
 
     def set(self, vips: dict[str, list[str]], skip_check: Sequence[str] = (),
-            hand_off: dict[str, list[str]] | None = None, hand_off_seconds: float = 2.5) -> None:
+            hand_off: dict[str, list[str]] | None = None, hand_off_seconds: float = 2.5,
+            take: Sequence[str] = ()) -> None:
         self.call(cmd="set", vips=vips, skip_check=list(skip_check), hand_off=hand_off or {},
-                  hand_off_seconds=hand_off_seconds)
+                  hand_off_seconds=hand_off_seconds, take=list(take))
 
     def stats(self) -> dict:
         return self.call(cmd="stats")["stats"]

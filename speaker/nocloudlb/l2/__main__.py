@@ -2,7 +2,8 @@
 
     python -m nocloudlb.l2 serve [--node N] [--options JSON] [--member-mac MAC ...]
         stdin:  {"cmd": "set", "vips": {"198.51.100.200": []}, "skip_check": [],
-                 "hand_off": {ip: [MAC, ...]}, "hand_off_seconds": S}  (hand_off and its bound optional)
+                 "hand_off": {ip: [MAC, ...]}, "hand_off_seconds": S, "take": [ip, ...]}
+                                                      (hand_off, its bound and take optional)
                 {"cmd": "end_handoffs"}
                 {"cmd": "stats"} | {"cmd": "conflicts"} | {"cmd": "quit"}
                 {"cmd": "lease", "seconds": S}: renew the answering lease for S seconds (0: let it run out now)
@@ -71,7 +72,8 @@ def _serve(args: argparse.Namespace) -> int:
                     hand = {ip: [bytes.fromhex(m.replace(":", "")) for m in macs]
                             for ip, macs in req.get("hand_off", {}).items()}
                     ann.set_announced(req["vips"], req.get("skip_check", ()), hand_off=hand,
-                                      hand_off_seconds=float(req.get("hand_off_seconds", 2.5)))
+                                      hand_off_seconds=float(req.get("hand_off_seconds", 2.5)),
+                                      take=req.get("take", ()))
                     out = {"ok": True}
                 elif cmd == "end_handoffs":
                     ann.end_handoffs()

@@ -171,6 +171,7 @@ class L2Announcer:
                             self._counts, rate=float(rate), burst=burst)
         self._answerer = Answerer(logger, self.metrics, self._lock, self._links, self._table, self._lease,
                                   self._counts, fallback=lambda: self._responder.fallback, is_peer_mac=is_peer_mac)
+        self._pacer.child_up = lambda: self._resp.proc is not None
         self._responder = ResponderSupervisor(logger, self.metrics, self._resp, self._poller, self._links,
                                               self._table, self._lease, self._counts, self._answerer.on_frame)
         self._loop = EventLoop(f"l2-{node_name}", logger, self._lock, self._poller, self._resp, self._links,
@@ -224,13 +225,16 @@ class L2Announcer:
             self._loop.thread = None
 
     def set_announced(self, vips: dict[str, list[str]], skip_check: Iterable[str] = (),
-                      hand_off: Mapping[str, Iterable[bytes]] | None = None, hand_off_seconds: float = 2.5) -> None:
+                      hand_off: Mapping[str, Iterable[bytes]] | None = None, hand_off_seconds: float = 2.5,
+                      take: Iterable[str] = ()) -> None:
         """Make ``vips`` (ip -> interfaces, [] = every eligible one) the announced set.
 
         Addresses not in ``vips`` are withdrawn at once, except those in ``hand_off`` (ip -> the MACs of
         the member taking it): each is still answered until another MAC announces it, at most
         ``hand_off_seconds`` (hand-offs already running go on; ``end_handoffs`` ends them all). New ones
-        are checked for conflicts first unless listed in ``skip_check`` (see the module docstring).
+        are checked for conflicts first unless listed in ``skip_check`` (see the module docstring). New ones in
+        ``take`` and ``skip_check`` are taken from a member that answers them until it hears this node: each is
+        answered only once its first announcement has left (lifecycle.py).
         Raises ValueError naming the first invalid address or interface list.
         """
         wanted, parsed = parse_wanted(vips, self._table.vips)
@@ -238,6 +242,9 @@ class L2Announcer:
         skips = list(skip_check)
         skip = {ip for ip in skips if ip in wanted}
         skip.update(canonical_ips([ip for ip in skips if ip not in wanted], "set_announced: skip_check entry"))
+        takes = list(take)
+        taken = {ip for ip in takes if ip in wanted}
+        taken.update(canonical_ips([ip for ip in takes if ip not in wanted], "set_announced: take entry"))
         with self._lock:
             named = {n for ifs in wanted.values() for n in ifs}
             if self._loop.thread is not None and any(n not in self._links.ifaces for n in named):
@@ -259,7 +266,7 @@ class L2Announcer:
                 if vip is None:
                     vip = self._table.add(ip, *parsed[ip], want_ifs)
                     if ip in skip or self._lifecycle.check_probes == 0:
-                        self._lifecycle.announce(vip, now, urgent=True)
+                        self._lifecycle.announce(vip, now, urgent=True, take=ip in taken and ip in skip)
                     else:
                         self._lifecycle.begin_check(vip, now)
                 elif vip.wanted != want_ifs:
@@ -368,6 +375,7 @@ class L2Announcer:
                 "conflicts": len(self._table.conflicts),
                 "handing_off": sorted(self._table.handing),
                 "member_waits": self._lifecycle.member_waits,
+                "taken": self._pacer.takes, "takes_late": self._lifecycle.takes_late,
                 "requests_received": dict(self._counts["requests_received"]),
                 "responses_sent": dict(self._counts["responses_sent"]),
                 "gratuitous_sent": dict(self._counts["gratuitous_sent"]),

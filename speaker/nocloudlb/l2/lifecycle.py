@@ -7,6 +7,14 @@ Part of the announcer, run by its event loop with its lock held: ``run_timers`` 
 queueing probes and gratuitous frames on the interfaces' transmit queues (sent by pacing.py).
 Every timer names the address's generation, so a withdrawn (or re-added) address's timers do
 nothing.
+
+A planned take (``announce(take=True)``: the daemon takes the address from a member it sees alive, which
+answers it until it hears this node's announcement, vips.py ``hand_off``) is not answered at once: on each
+interface its gratuitous round goes as one ``take`` entry of the queue, and when pacing lets it leave the
+responder child announces, then answers (``T``, responder.py). So the two never answer one request
+together for longer than the announcement takes to cross the wire. A ``take`` that never leaves (dropped
+from a full queue, its interface closed, the lease run out) is answered after ``TAKE_MAX`` s anyway
+(``takes_late``), well inside the giver's hand-off bound.
 """
 
 from __future__ import annotations
@@ -22,6 +30,8 @@ from . import arp, ndp
 from .links import Links
 from .tables import Iface, Vip
 from .vips import VipTable
+
+TAKE_MAX = 0.5  # seconds a planned take may wait for its announcement to leave before it is answered anyway
 
 HANDOFFS = Counter("nocloudlb_layer2_handoffs", "Addresses handed off in a planned move, by how the hand-off ended "
                    "(announced: the taker announced it; otherAnnounced: another MAC did; timeout: nobody did within "
@@ -47,6 +57,7 @@ class Lifecycle:
         self.member_wait = member_wait
         self.max_queue = max_queue
         self.member_waits = 0  # probes repeated because a member still answered (stats()["member_waits"])
+        self.takes_late = 0  # planned takes answered at TAKE_MAX: their announcement had not left
         self.heap: list[tuple[float, int, str, str, int, tuple]] = []
         self._seq = 0
 
@@ -70,15 +81,19 @@ class Lifecycle:
         self.table.checking[vip.packed] = vip
         self.schedule(now, "probe", vip, (0,))
 
-    def announce(self, vip: Vip, now: float, urgent: bool = False) -> None:
+    def announce(self, vip: Vip, now: float, urgent: bool = False, take: bool = False) -> None:
         """Start answering and announcing ``vip``; ``urgent``: it was taken over (its first round goes
-        before any queued re-announcement)."""
+        before any queued re-announcement); ``take``: a planned take, answered once announced (module docstring)."""
         vip.state = "announcing"
         self.table.checking.pop(vip.packed, None)
         if self.table.conflicts.pop(vip.ip, None) is not None:
             self.log.info("ipConflictCleared", extra={"event": "ipConflictCleared", "ip": vip.ip})
-        for name in vip.ifaces:
-            self.table.start_answering(vip, name)
+        if take:
+            vip.taking = set(vip.ifaces)
+            self.schedule(now + TAKE_MAX, "answer", vip)
+        else:
+            for name in vip.ifaces:
+                self.table.start_answering(vip, name)
         self.start_series(vip, now, urgent)
 
     def start_series(self, vip: Vip, now: float, urgent: bool = False) -> None:
@@ -94,6 +109,7 @@ class Lifecycle:
         if vip.state != "announcing":
             return
         for name in old - new:
+            vip.taking.discard(name)
             self.table.stop_answering(vip, name)
         added = new - old
         for name in added:
@@ -106,7 +122,7 @@ class Lifecycle:
         for vip in self.table.vips.values():
             self.apply_ifaces(vip, set(self.links.resolve(vip)), now)
             if vip.state == "announcing":  # re-add answers on re-opened interfaces
-                for name in vip.ifaces:
+                for name in vip.ifaces - vip.taking:
                     if name in self.links.ifaces and vip.packed not in self.links.ifaces[name].answer:
                         self.table.start_answering(vip, name)
 
@@ -144,6 +160,11 @@ class Lifecycle:
                 self.begin_check(vip, now)
             elif action == "garp" and vip.state == "announcing":
                 self._garp(vip, arg, now)
+            elif action == "answer" and vip.state == "announcing" and vip.taking:
+                self.takes_late += len(vip.taking)  # its announcement never left: answered all the same
+                for name in sorted(vip.taking):
+                    self.table.start_answering(vip, name)
+                vip.taking.clear()
         if self.table.handing:
             self.table.expire_handoffs(now)
         self.log_handoffs()
@@ -188,6 +209,9 @@ class Lifecycle:
                 iface.dropped += len(frames)
                 continue
             target = iface.urgent if urgent else iface.queue
+            if name in vip.taking:  # not answered yet: the round leaves as one entry, then it is (pacing.py)
+                target.append((vip.ip, vip.gen, frames, "take", series))
+                continue
             for frame in frames:
                 target.append((vip.ip, vip.gen, frame, "gratuitous", series))
         if rnd + 1 < self.garp_rounds:

@@ -264,7 +264,12 @@ class L2Mode:
                     self.before_gain(gained)
                 except Exception as exc:  # noqa: BLE001 - the takeover goes on without what the hook does
                     logs.event(log, "beforeGainFailed", f"{type(exc).__name__}: {exc}"[:300], logging.ERROR)
-            self.announcer.set_announced(held, skip_check=skip & set(held))
+            # taken from a member seen alive (a drain, an undrain, a preemption): it answers them until it hears
+            # this node announce, so they are answered only once announced (lifecycle.py); a takeover from a
+            # dead or unreachable member is answered at once (nobody else answers it)
+            taken = {ip for ip in gained if self._leaders.get(ip) not in (None, me)
+                     and states.get(self._leaders[ip]) == "alive"}
+            self.announcer.set_announced(held, skip_check=skip & set(held), take=taken)
             self._announced = held
         leaders = {r.ip: r.leader for r in rows if r.leader}
         for ip, leader in leaders.items():  # not announced yet (waiting, not on lo): still gained from before

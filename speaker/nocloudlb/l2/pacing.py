@@ -42,12 +42,14 @@ class Pacer:
         self.counts = counts
         self.rate = rate
         self.burst = burst
+        self.takes = 0  # planned takes announced, then answered (lifecycle.py)
+        self.child_up: Any = lambda: True  # whether a responder child runs (set by the announcer)
 
     @staticmethod
     def held(iface: Iface) -> bool:
         """The next frame to leave ``iface`` is a gratuitous one (it waits while the lease has run out)."""
         head = (iface.urgent or iface.queue)[0]
-        return head[3] == "gratuitous"
+        return head[3] in ("gratuitous", "take")
 
     def wait(self, timeout: float, now: float) -> float:
         """``timeout`` cut to when the next token of an interface with frames to send comes."""
@@ -77,11 +79,16 @@ class Pacer:
                         iface.sent["mcast"] += 1
                     continue
                 vip = self.table.current(ip, gen)
-                if vip is None or vip.state != ("announcing" if kind == "gratuitous" else "checking"):
+                if vip is None or vip.state != ("checking" if kind == "probe" else "announcing"):
                     continue  # withdrawn (or check abandoned) meanwhile: drop without spending a token
-                if kind == "gratuitous" and series != vip.series:
+                if kind != "probe" and series != vip.series:
                     iface.dropped += 1
                     continue  # superseded by a newer schedule (reannounce): its own frames are queued
+                if kind == "take":
+                    budget -= 1
+                    iface.tokens -= len(frame)
+                    self._take(iface, vip, frame)
+                    continue
                 budget -= 1
                 iface.tokens -= 1.0
                 ok = self.links.send(iface, frame)
@@ -94,3 +101,18 @@ class Pacer:
                     if kind == "gratuitous":
                         self.counts["gratuitous_sent"][ip] += 1
                         self.metrics.gratuitous_sent.labels(ip).inc()
+
+    def _take(self, iface: Iface, vip: Any, frames: list[bytes]) -> None:
+        """A planned take's round (lifecycle.py): announced, then answered, by the responder child (``T``) or,
+        while this thread answers in its place, here; a round of an address answered already is sent as is."""
+        if iface.name in vip.taking:
+            vip.taking.discard(iface.name)
+            ok = self.table.take(vip, iface, frames, child=self.child_up())
+            self.takes += 1
+        else:
+            sent = [self.links.send(iface, f) for f in frames]  # every frame, even after a failed one
+            ok = all(sent)
+        if ok:
+            iface.sent["gratuitous"] += len(frames)
+            self.counts["gratuitous_sent"][vip.ip] += len(frames)
+            self.metrics.gratuitous_sent.labels(vip.ip).inc(len(frames))

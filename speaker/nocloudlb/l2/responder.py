@@ -14,6 +14,8 @@ The announcer (the *client*, :class:`ResponderClient`) drives it over stdin with
     C name                   close it
     A name ip                answer for ``ip`` (8 or 32 hex digits) on ``name``
     D name ip                stop answering
+    T name ip frame...       take ``ip`` (a planned move): read what already waits on ``name``, send the frames
+                             (hex: its gratuitous ARP in both forms, or its unsolicited NA), then answer it
     H name ip                hand ``ip`` off: answer it until another MAC announces it on ``name`` (a
                              gratuitous ARP, an unsolicited NA), then stop at once
     W ip / U ip              watch / unwatch ``ip`` for the conflict check
@@ -32,6 +34,15 @@ the daemon it would be a pipe, a thread and a decision pass later. Any other MAC
 ends it, not only the taker's: whoever announces now, this node was giving the address up (the
 taker may have died meanwhile and a third node taken over). The daemon ends it after a bound
 anyway (``D``), when no announcement came.
+
+Why ``T``: in a planned move the node giving the address up answers it until the taker's announcement
+reaches it (``H``). A taker that answered before it announced would answer beside the giver for as long
+as the announcement took to leave (its paced queue, a loop pass): two MACs for one request. With ``T``
+the announcement leaves from here, and only then is the address answered: the requests read before the
+send are left to the giver (which has not heard the announcement yet, so it answers them), the ones
+read after it are answered here (the giver stops on the announcement). What remains is a request that
+reaches both while the announcement crosses the wire, microseconds; such a request gets two answers,
+never none.
 
 Each interface's socket carries :func:`bpf.answer_program` for the addresses answered there and
 the ones watched, so frames for anybody else stop in the kernel; the filter is re-attached
@@ -119,6 +130,31 @@ class _Port:
     fallback: str = ""  # why the exact filter could not be attached (the opcode/type one is, instead)
 
 
+def write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data`` to the (non-blocking) pipe ``fd``, waiting while it is full."""
+    while data:
+        try:
+            n = os.write(fd, data)
+        except InterruptedError:
+            continue
+        except BlockingIOError:
+            select.select([], [fd], [], 1.0)
+            continue
+        data = data[n:]
+
+
+def open_port(name: str, index: int, mac: bytes) -> _Port:
+    """``I``: the interface's socket, its receive buffer as large as allowed, and the reply prefix."""
+    sock = open_packet_socket(name, ARP_NDP_PROGRAM)
+    for opt in (33, socket.SO_RCVBUF):  # SO_RCVBUFFORCE (CAP_NET_ADMIN), else as far as rmem_max allows
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, opt, RCVBUF)
+            break
+        except OSError:
+            continue
+    return _Port(name, index, mac, sock, mac + _ETH_ARP + _ARP_HDR[:6] + b"\x00\x02" + mac)
+
+
 class Responder:
     """The process side; see the module docstring. Single-threaded."""
 
@@ -136,22 +172,14 @@ class Responder:
         self.reported = 0
         self.claims: dict[bytes, float] = {}  # address -> when another MAC's announcement of it was reported
         self.refilters = 0
+        self.takes = 0  # addresses taken with ``T`` (announced, then answered)
         self.fallbacks_told: set[str] = set()  # interfaces whose filter fallback was reported (once each)
         self.last_flush = 0.0
         self.changed = False
 
     # -- control ----------------------------------------------------------------------------
     def emit(self, doc: dict) -> None:
-        data = (json.dumps(doc, separators=(",", ":")) + "\n").encode()
-        while data:
-            try:
-                n = os.write(self.ctl_out, data)
-            except InterruptedError:
-                continue
-            except BlockingIOError:
-                select.select([], [self.ctl_out], [], 1.0)
-                continue
-            data = data[n:]
+        write_all(self.ctl_out, (json.dumps(doc, separators=(",", ":")) + "\n").encode())
 
     def control(self) -> bool:
         """Apply the lines waiting on stdin; False at end of input (the daemon is gone)."""
@@ -188,6 +216,8 @@ class Responder:
             if gone is not None and bytes.fromhex(w[2]) in gone.answer:
                 gone.answer.discard(bytes.fromhex(w[2]))
                 gone.dirty = gone.dirty or time.monotonic()
+        elif op == "T":
+            self.take(self.ports[w[1]], bytes.fromhex(w[2]), [bytes.fromhex(x) for x in w[3:]])
         elif op == "H":
             port, ip = self.ports[w[1]], bytes.fromhex(w[2])
             if ip in port.answer:
@@ -202,18 +232,10 @@ class Responder:
                 p.dirty = p.dirty or time.monotonic()
         elif op == "I":
             self.close_port(w[1])
-            mac = bytes.fromhex(w[3])
-            sock = open_packet_socket(w[1], ARP_NDP_PROGRAM)
-            for opt in (33, socket.SO_RCVBUF):  # SO_RCVBUFFORCE (CAP_NET_ADMIN), else as far as rmem_max allows
-                try:
-                    sock.setsockopt(socket.SOL_SOCKET, opt, RCVBUF)
-                    break
-                except OSError:
-                    continue
-            port = _Port(w[1], int(w[2]), mac, sock, mac + _ETH_ARP + _ARP_HDR[:6] + b"\x00\x02" + mac)
+            port = open_port(w[1], int(w[2]), bytes.fromhex(w[3]))
             self.ports[port.name] = port
-            self.by_fd[sock.fileno()] = port
-            self.ep.register(sock.fileno(), select.EPOLLIN)
+            self.by_fd[port.sock.fileno()] = port
+            self.ep.register(port.sock.fileno(), select.EPOLLIN)
             self.refilter(port)
         elif op == "C":
             self.close_port(w[1])
@@ -234,8 +256,26 @@ class Responder:
             pass
         port.sock.close()
 
-    def refilter(self, port: _Port) -> None:
-        prog = answer_program(port.answer, self.watch)
+    def take(self, port: _Port, ip: bytes, frames: list[bytes]) -> None:
+        """``T``: the filter passes ``ip`` first, the requests already read are handled as before (the giver
+        answers them), then the announcement leaves and ``ip`` is answered (see the module docstring)."""
+        if port.passes is not None and ip not in port.passes:
+            self.refilter(port, ip)
+        while self.frames(port):
+            pass
+        if self.lease is None or self.lease.valid():  # a frozen daemon's node claims nothing
+            for frame in frames:
+                try:
+                    port.sock.send(frame)
+                except OSError:
+                    break
+        port.answer.add(ip)
+        port.handoff.discard(ip)
+        self.takes += 1
+
+    def refilter(self, port: _Port, extra: bytes | None = None) -> None:
+        passes = port.answer | {extra} if extra is not None else port.answer
+        prog = answer_program(passes, self.watch)
         exact = not (prog is ARP_NDP_PROGRAM or prog == ARP_NDP_PROGRAM)
         if prog != port.program:
             try:
@@ -246,10 +286,10 @@ class Responder:
                 self.fall_back(port, exc, len(prog))
                 prog, exact = ARP_NDP_PROGRAM, False
             else:
-                self.filter_fits(port)
+                port.fallback = ""
             port.program = prog
             self.refilters += 1
-        port.passes, port.senders = (set(port.answer), set(self.watch)) if exact else (None, None)
+        port.passes, port.senders = (set(passes), set(self.watch)) if exact else (None, None)
         port.dirty = 0.0
 
     def fall_back(self, port: _Port, exc: OSError, size: int) -> None:
@@ -269,21 +309,18 @@ class Responder:
             self.emit({"error": reason})
         port.fallback = reason
 
-    @staticmethod
-    def filter_fits(port: _Port) -> None:
-        port.fallback = ""
-
     # -- frames -------------------------------------------------------------------------------
-    def frames(self, port: _Port) -> None:
+    def frames(self, port: _Port) -> bool:
+        """Handle up to 64 waiting frames; True when that many were read (more may wait)."""
         sock, mac, answer, watch, lease = port.sock, port.mac, port.answer, self.watch, self.lease
         for _i in range(64):
             try:
                 data = sock.recv(2048)
             except (BlockingIOError, InterruptedError):
-                return
+                return False
             except OSError as exc:
                 if exc.errno in (errno.ENETDOWN, errno.ENXIO, errno.ENODEV):
-                    return  # the announcer's rescan closes or reopens the port
+                    return False  # the announcer's rescan closes or reopens the port
                 raise
             port.rx += 1
             if data[12:14] == _ETH_ARP:
@@ -322,6 +359,7 @@ class Responder:
                         self.handed(port, target, data)
                         continue
                     self.claim(port, target, data)
+        return True
 
     def send(self, port: _Port, frame: bytes, ip: bytes) -> None:
         c = self.counts.get(ip)
@@ -389,7 +427,7 @@ class Responder:
                 "exact": {p.name: p.passes is not None for p in self.ports.values()},
                 "filterFallback": {p.name: p.fallback for p in self.ports.values() if p.fallback},
                 "reported": self.reported, "refilters": self.refilters, "pid": os.getpid(),
-                "leaseRefused": self.refused}
+                "leaseRefused": self.refused, "takes": self.takes}
 
     # -- loop ---------------------------------------------------------------------------------
     def run(self) -> int:

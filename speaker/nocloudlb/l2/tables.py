@@ -66,3 +66,5 @@ class Vip:
     member_answered: bool = False  # a member's MAC answered a probe of this check round
     claimed: tuple[bytes, float] | None = None  # the last other MAC seen announcing it while announced here, when
     series: int = 0  # the gratuitous schedule in force; a re-announcement starts a new one
+    taking: set[str] = field(default_factory=set)  # interfaces where it is taken in a planned move and not answered
+    # yet: its announcement leaves first, from the responder child (``T``), then it is answered (lifecycle.py)

@@ -98,6 +98,22 @@ class VipTable:
         iface.answer.add(vip.packed)
         self.resp.send(f"A {name} {vip.packed.hex()}")
 
+    def take(self, vip: Vip, iface: Any, frames: list[bytes], child: bool) -> bool:
+        """Announce ``vip`` on ``iface`` with ``frames``, then answer it. ``child``: the responder child runs, and
+        does both in that order (``T``, responder.py); otherwise (this thread answers in its place) the frames
+        are sent here first. False when a frame could not be sent here."""
+        ok = True
+        if vip.version == 6:
+            self.groups.join(iface, ndp.solicited_node(vip.packed))
+        if child:
+            self.resp.send(f"T {iface.name} {vip.packed.hex()} {' '.join(f.hex() for f in frames)}")
+        else:
+            sent = [self.links.send(iface, f) for f in frames]  # every frame, even after a failed one
+            ok = all(sent)
+            self.resp.send(f"A {iface.name} {vip.packed.hex()}")
+        iface.answer.add(vip.packed)
+        return ok
+
     def stop_answering(self, vip: Vip, name: str) -> None:
         iface = self.links.ifaces.get(name)
         if iface is None:

@@ -109,7 +109,8 @@ class RecordingAnnouncer:
         pass
 
     def set_announced(self, vips: dict[str, list[str]], skip_check: Any = (),
-                      hand_off: Mapping[str, Any] | None = None, hand_off_seconds: float = 2.5) -> None:
+                      hand_off: Mapping[str, Any] | None = None, hand_off_seconds: float = 2.5,
+                      take: Any = ()) -> None:
         if self.fail:
             self.fail -= 1
             raise OSError("injected failure")
