@@ -1,16 +1,20 @@
-"""Planned moves, who answers ARP meanwhile: 0.1.0 (the giver stops at its decision) next to this code
-(the giver hands the VIP off until the taker announces, l2/handoff.py), in one run.
+"""Planned moves, who answers ARP meanwhile: an earlier release next to this code (the giver hands the VIP
+off until the taker announces, l2/handoff.py; the taker announces, then answers, l2/responder.py), in one run.
 
 For each side: three speakers (``lan`` profile) and a client on a bridge in network namespaces, a VIP led
 by each node, HTTP servers whose answers take 50 ms. Each node in turn is drained (its VIP moves to the
 next node) and undrained (it takes the VIP back), ``--rounds`` times, while the client asks ARP for every
 VIP every ``--interval`` s (arp_sampler.py: every MAC that answers one request) and GETs each VIP back to
-back. Printed per side: moves, ARP samples, samples without an answer and with two MACs, the longest
-window of each, failed requests, and the time from the label change to the VIP answered by the new node
-alone (a probe every ~0.2 s, so an upper bound). 0.1.0 is the last release without the hand-off (0.2.0
-has it): commit ``--before`` (default 8998b708), run from its own tree (tests/netns/previous_release.py).
+back. Printed per side: moves, ARP samples, the client's stalled rounds (two or more VIPs unanswered in
+one round: the client fell behind, left out of the rest), samples without an answer (in all, and of the
+moving VIP while it moved: from the label change to the new node answering alone) and with two MACs, the
+longest window of each, failed requests, and the time from the label change to the VIP answered by the new
+node alone (a probe every ~0.2 s, so an upper bound). What the other side does is read from its tree.
+0.1.0 is the last release without the hand-off: commit ``--before`` (default 8998b708); 0.2.0 (253d5de2) hands
+off, but its taker answers before it announces. Each runs from its own tree (tests/netns/previous_release.py).
 
     sudo .venv/bin/python benchmarks/handoff.py --rounds 3
+    sudo .venv/bin/python benchmarks/handoff.py --before 253d5de2 --rounds 5 --interval 0.005
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import os
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -53,7 +58,8 @@ def run(root: Path | None, rounds: int, interval: float) -> dict:
             c.wait(lambda ip=ip, leader=leader: c.answered_by(ip, leader), 20, f"{ip} answered by {leader}")
         watch = VipWatch(c, vips, Path(tmp) / "samples.jsonl", interval, interval * 0.75, rounds * 30 + 60)
         t0 = time.time()
-        took = []
+        took: list[float] = []
+        moved: list[tuple[str, float, float]] = []  # (VIP, label changed, answered by the new node alone)
         for _round in range(rounds):
             for ip, leader in vips.items():
                 nxt = next(n for n in election_order(NODES, ip) if n != leader)
@@ -63,14 +69,24 @@ def run(root: Path | None, rounds: int, interval: float) -> dict:
                     c.label(node, *args)
                     c.wait(lambda ip=ip, owner=owner: c.answered_by(ip, owner), 15, f"{ip} answered by {owner}")
                     took.append(time.time() - t)
+                    moved.append((ip, t, time.time()))
                     time.sleep(0.5)
         time.sleep(0.3)
         t_end = time.time()
         per_vip, failed = watch.stop(t0, t_end)
+        # one VIP moves at a time: a round in which two or more VIPs went unanswered together is the client
+        # falling behind (its replies came after the round's window), not a move; counted apart, left out
+        silent = Counter(t for v in per_vip.values() for t, m in v if not m)
+        stalls = {t for t, n in silent.items() if n > 1}
+        per_vip = {ip: [(t, m) for t, m in v if t not in stalls] for ip, v in per_vip.items()}
         smp = [s for v in per_vip.values() for s in v]
+        # a sample of the moving VIP between its label change and the new node answering it alone
+        at_move = [(ip, t, m) for ip, v in per_vip.items() for t, m in v
+                   if any(ip == mip and a <= t <= b for mip, a, b in moved)]
         return {
-            "moves": len(took), "samples": len(smp),
+            "moves": len(took), "samples": len(smp), "stalledRounds": len(stalls),
             "noAnswer": sum(1 for _t, m in smp if not m), "twoMacs": sum(1 for _t, m in smp if len(m) > 1),
+            "noAnswerAtMove": sum(1 for _ip, _t, m in at_move if not m),
             "longestNoAnswerMs": round(1000 * max(arp_sampler.longest(v, (not m for _t, m in v), t_end)
                                                   for v in per_vip.values()), 1),
             "longestTwoMacsMs": round(1000 * max(arp_sampler.longest(v, (len(m) > 1 for _t, m in v), t_end)
@@ -94,11 +110,15 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="nlb-previous-") as prev:
         root = materialise(Path(prev), a.before)
         where = check_tree(root)
-        sides = {f"{where['version']} ({a.before[:8]}: stops at its decision)": run(root, a.rounds, a.interval),
-                 "this code (hands off until the taker announces)": run(None, a.rounds, a.interval)}
+        hands_off = (root / "nocloudlb" / "l2" / "handoff.py").exists()
+        takes = "\n    T name ip" in (root / "nocloudlb" / "l2" / "responder.py").read_text()
+        what = ("hands off; the taker " + ("announces, then answers" if takes else "answers first")
+                if hands_off else "stops at its decision")
+        sides = {f"{where['version']} ({a.before[:8]}: {what})": run(root, a.rounds, a.interval),
+                 "this code (hands off; the taker announces, then answers)": run(None, a.rounds, a.interval)}
     print(f"\nplanned moves (drain, undrain), ARP asked every {a.interval * 1000:.0f} ms, lan profile")
-    keys = ["moves", "samples", "noAnswer", "longestNoAnswerMs", "twoMacs", "longestTwoMacsMs", "requests",
-            "failed", "movedP50", "movedMax"]
+    keys = ["moves", "samples", "stalledRounds", "noAnswer", "noAnswerAtMove", "longestNoAnswerMs", "twoMacs",
+            "longestTwoMacsMs", "requests", "failed", "movedP50", "movedMax"]
     print("| side | " + " | ".join(keys) + " |")
     print("| --- |" + " --- |" * len(keys))
     for name, r in sides.items():
