@@ -171,7 +171,6 @@ class L2Announcer:
                             self._counts, rate=float(rate), burst=burst)
         self._answerer = Answerer(logger, self.metrics, self._lock, self._links, self._table, self._lease,
                                   self._counts, fallback=lambda: self._responder.fallback, is_peer_mac=is_peer_mac)
-        self._pacer.child_up = lambda: self._resp.proc is not None
         self._responder = ResponderSupervisor(logger, self.metrics, self._resp, self._poller, self._links,
                                               self._table, self._lease, self._counts, self._answerer.on_frame)
         self._loop = EventLoop(f"l2-{node_name}", logger, self._lock, self._poller, self._resp, self._links,
@@ -239,12 +238,8 @@ class L2Announcer:
         """
         wanted, parsed = parse_wanted(vips, self._table.vips)
         # an entry that is a key of ``wanted`` is canonical already: not parsed again
-        skips = list(skip_check)
-        skip = {ip for ip in skips if ip in wanted}
-        skip.update(canonical_ips([ip for ip in skips if ip not in wanted], "set_announced: skip_check entry"))
-        takes = list(take)
-        taken = {ip for ip in takes if ip in wanted}
-        taken.update(canonical_ips([ip for ip in takes if ip not in wanted], "set_announced: take entry"))
+        skip = _canonical_set(skip_check, wanted, "set_announced: skip_check entry")
+        taken = _canonical_set(take, wanted, "set_announced: take entry")
         with self._lock:
             named = {n for ifs in wanted.values() for n in ifs}
             if self._loop.thread is not None and any(n not in self._links.ifaces for n in named):
@@ -393,3 +388,12 @@ class L2Announcer:
         the announcer answers in its place meanwhile (``answeringInDaemon``); its frame counters."""
         with self._lock:
             return self._responder.status()
+
+
+def _canonical_set(entries: Iterable[str], wanted: Mapping[str, object], what: str) -> set[str]:
+    """``entries`` in canonical form; a key of ``wanted`` is canonical already (not parsed again: 10,000 VIPs).
+    ValueError says ``what`` then the first entry that is not an IP address."""
+    given = list(entries)
+    out = {ip for ip in given if ip in wanted}
+    out.update(canonical_ips([ip for ip in given if ip not in wanted], what))
+    return out

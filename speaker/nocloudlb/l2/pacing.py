@@ -43,7 +43,6 @@ class Pacer:
         self.rate = rate
         self.burst = burst
         self.takes = 0  # planned takes announced, then answered (lifecycle.py)
-        self.child_up: Any = lambda: True  # whether a responder child runs (set by the announcer)
 
     @staticmethod
     def held(iface: Iface) -> bool:
@@ -96,23 +95,25 @@ class Pacer:
                     vip.probes_pending -= 1
                     if vip.probes_pending <= 0:
                         self.lifecycle.probe_sent(vip, time.monotonic())
-                if ok:
+                if ok and kind == "gratuitous":
+                    self._sent_gratuitous(iface, ip, 1)
+                elif ok:
                     iface.sent[kind] += 1
-                    if kind == "gratuitous":
-                        self.counts["gratuitous_sent"][ip] += 1
-                        self.metrics.gratuitous_sent.labels(ip).inc()
 
     def _take(self, iface: Iface, vip: Any, frames: list[bytes]) -> None:
         """A planned take's round (lifecycle.py): announced, then answered, by the responder child (``T``) or,
         while this thread answers in its place, here; a round of an address answered already is sent as is."""
         if iface.name in vip.taking:
             vip.taking.discard(iface.name)
-            ok = self.table.take(vip, iface, frames, child=self.child_up())
+            ok = self.table.take(vip, iface, frames)
             self.takes += 1
         else:
             sent = [self.links.send(iface, f) for f in frames]  # every frame, even after a failed one
             ok = all(sent)
         if ok:
-            iface.sent["gratuitous"] += len(frames)
-            self.counts["gratuitous_sent"][vip.ip] += len(frames)
-            self.metrics.gratuitous_sent.labels(vip.ip).inc(len(frames))
+            self._sent_gratuitous(iface, vip.ip, len(frames))
+
+    def _sent_gratuitous(self, iface: Iface, ip: str, n: int) -> None:
+        iface.sent["gratuitous"] += n
+        self.counts["gratuitous_sent"][ip] += n
+        self.metrics.gratuitous_sent.labels(ip).inc(n)

@@ -274,7 +274,7 @@ class Responder:
         self.takes += 1
 
     def refilter(self, port: _Port, extra: bytes | None = None) -> None:
-        passes = port.answer | {extra} if extra is not None else port.answer
+        passes = port.answer if extra is None else port.answer | {extra}
         prog = answer_program(passes, self.watch)
         exact = not (prog is ARP_NDP_PROGRAM or prog == ARP_NDP_PROGRAM)
         if prog != port.program:

@@ -89,30 +89,29 @@ class VipTable:
         vip = self.vips.get(ip)
         return vip if vip is not None and vip.gen == gen else None
 
-    def start_answering(self, vip: Vip, name: str) -> None:
+    def start_answering(self, vip: Vip, name: str, announce: list[bytes] | None = None) -> None:
+        """Answer ``vip`` on ``name``; ``announce``: send these frames first, then answer (the child's ``T``)."""
         iface = self.links.ifaces.get(name)
         if iface is None:
             return
         if vip.version == 6:
             self.groups.join(iface, ndp.solicited_node(vip.packed))
         iface.answer.add(vip.packed)
-        self.resp.send(f"A {name} {vip.packed.hex()}")
-
-    def take(self, vip: Vip, iface: Any, frames: list[bytes], child: bool) -> bool:
-        """Announce ``vip`` on ``iface`` with ``frames``, then answer it. ``child``: the responder child runs, and
-        does both in that order (``T``, responder.py); otherwise (this thread answers in its place) the frames
-        are sent here first. False when a frame could not be sent here."""
-        ok = True
-        if vip.version == 6:
-            self.groups.join(iface, ndp.solicited_node(vip.packed))
-        if child:
-            self.resp.send(f"T {iface.name} {vip.packed.hex()} {' '.join(f.hex() for f in frames)}")
+        if announce:
+            self.resp.send(f"T {name} {vip.packed.hex()} {' '.join(f.hex() for f in announce)}")
         else:
-            sent = [self.links.send(iface, f) for f in frames]  # every frame, even after a failed one
-            ok = all(sent)
-            self.resp.send(f"A {iface.name} {vip.packed.hex()}")
-        iface.answer.add(vip.packed)
-        return ok
+            self.resp.send(f"A {name} {vip.packed.hex()}")
+
+    def take(self, vip: Vip, iface: Any, frames: list[bytes]) -> bool:
+        """Announce ``vip`` on ``iface`` with ``frames``, then answer it: the responder child does both, in that
+        order (``T``, responder.py); while no child runs (this thread answers in its place) the frames are sent
+        here first. False when a frame could not be sent here."""
+        if self.resp.proc is not None:
+            self.start_answering(vip, iface.name, announce=frames)
+            return True
+        sent = [self.links.send(iface, f) for f in frames]  # every frame, even after a failed one
+        self.start_answering(vip, iface.name)
+        return all(sent)
 
     def stop_answering(self, vip: Vip, name: str) -> None:
         iface = self.links.ifaces.get(name)
