@@ -713,6 +713,17 @@ def render(p: Plan, node: str, only: set[str] | None = None) -> str:
         "    init_file 0",
         "}",
     ]
+    for inst, _member in mine:
+        out += [
+            "",
+            f"# Held while a migration reloads this node: 1 keeps {inst.name} in FAULT (it never claims the VIP",
+            "# before it has heard the master), 0 releases it (roles/keepalived/tasks/migrate_keepalived.yml).",
+            f"track_file {_hold_name(inst)} {{",
+            f"    file \"{hold_file(o['drain_file'], inst.name)}\"",
+            "    weight 0",
+            "    init_file 0",
+            "}",
+        ]
     used_scripts = sorted({s for inst, _member in mine for s in inst.scripts})
     for sname in used_scripts:
         s = p.scripts[sname]
@@ -748,7 +759,7 @@ def render(p: Plan, node: str, only: set[str] | None = None) -> str:
         if o["auth_pass"]:
             out += ["    authentication {", "        auth_type PASS", f"        auth_pass {o['auth_pass']}", "    }"]
         out += ["    virtual_ipaddress {", *(f"        {_vip_line(v)}" for v in inst.vips), "    }"]
-        out += ["    track_file {", "        nocloudlb_drain", "    }"]
+        out += ["    track_file {", "        nocloudlb_drain", f"        {_hold_name(inst)}", "    }"]
         if inst.scripts:
             out += ["    track_script {", *(f"        {s}" for s in inst.scripts), "    }"]
         out.append("}")
@@ -776,9 +787,19 @@ def render(p: Plan, node: str, only: set[str] | None = None) -> str:
     return "\n".join(out) + "\n"
 
 
+def hold_file(drain_file: str, instance: str) -> str:
+    """The track file that holds one instance in FAULT during a migration, beside the drain file."""
+    return f"{drain_file.rsplit('/', 1)[0] or ''}/nocloudlb-hold-{instance}"
+
+
+def _hold_name(inst: Instance) -> str:
+    return f"nocloudlb_hold_{inst.name}"
+
+
 def summary(p: Plan) -> list[dict]:
-    """JSON-able instances: name, family, interface space, VRID, VIPs, services, members (node, priority)."""
+    """JSON-able instances: name, family, interface space, VRID, VIPs, hold file, services, members (node, priority)."""
     return [{"name": i.name, "family": f"IPv{i.family}", "segment": i.segment, "vrid": i.vrid, "vips": i.vips,
+             "hold_file": hold_file(p.options["drain_file"], i.name),
              "services": i.services, "master": i.master if i.members else None,
              "members": [{"node": m.node, "priority": m.priority, "interface": m.interface} for m in i.members],
              "scripts": i.scripts} for i in p.instances]

@@ -160,12 +160,16 @@ configs:
   type: dict
   sample: {"n1": "global_defs {\n    router_id n1\n ..."}
 instances:
-  description: Every VRRP instance of the cluster.
+  description:
+    - Every VRRP instance of the cluster.
+    - C(hold_file) is the instance's own track file (C(1) = FAULT on that node), beside O(drain_file). A migration
+      writes C(1) on the backups before they reload and learn the instance, and C(0) once they have heard the master.
   returned: success
   type: list
   elements: dict
   sample: [{"name": "vip_198_51_100_200_eth0", "family": "IPv4", "segment": "eth0", "vrid": 170,
-            "vips": ["198.51.100.200"], "services": ["prod/web"], "master": "n1",
+            "vips": ["198.51.100.200"], "hold_file": "/etc/keepalived/nocloudlb-hold-vip_198_51_100_200_eth0",
+            "services": ["prod/web"], "master": "n1",
             "members": [{"node": "n1", "priority": 254, "interface": "eth0"}], "scripts": []}]
 vrids:
   description: Instance name -> virtual router ID (feed it back as O(previous) to keep them stable).

@@ -17,7 +17,9 @@ names next, and reports:
 Then it undoes the fault and waits until the original owner serves again (restored_s).
 ``--fault watch --command CMD`` (no --host) only watches while CMD runs (a migration): command_rc,
 http_requests, http_failed, longest_outage_s, failures, served_by and announcers (every node whose
-MAC sent a gratuitous ARP or an ARP reply for the VIP, with its first time), from an ARP-only capture.
+MAC sent a gratuitous ARP or an ARP reply for the VIP, with its first time), from an ARP-only capture; with
+--fault watch also announce_runs ([time, node] at each change of the announcing node) and tasks ([time, task]
+for each Ansible task the command started), to place an announcement on the playbooks' timeline.
 One JSON object on stdout. Usage: measure.py --lab l2 --vip IP --port 8080 --fault kill --host n1
 """
 
@@ -26,6 +28,8 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -151,9 +155,9 @@ def resets_at_move(samples: list[dict]) -> int:
     return count
 
 
-def announcers(events: list[dict], vip: str, t0: float, host_of_mac: dict[str, str]) -> dict[str, float]:
-    """Node (or MAC) -> seconds after t0 of its first gratuitous ARP / ARP reply / NA for the VIP."""
-    firsts: dict[str, float] = {}
+def announcements(events: list[dict], vip: str, t0: float, host_of_mac: dict[str, str]) -> list[tuple[float, str]]:
+    """(seconds after t0, node or MAC) of every gratuitous ARP / ARP reply / NA for the VIP."""
+    out = []
     for e in events:
         if e["t"] < t0 or not (
                 (e["kind"] == "arp" and e["sender_ip"] == vip and e["op"] in ("request", "reply")
@@ -161,15 +165,50 @@ def announcers(events: list[dict], vip: str, t0: float, host_of_mac: dict[str, s
                 or (e["kind"] == "ndp" and e.get("type") == "na" and e.get("target") == vip)):
             continue
         mac = (e.get("sender_mac") or e.get("lladdr") or e.get("src_mac") or "").lower()
-        firsts.setdefault(host_of_mac.get(mac, mac), round(e["t"] - t0, 3))
+        out.append((round(e["t"] - t0, 3), host_of_mac.get(mac, mac)))
+    return out
+
+
+def announcers(events: list[dict], vip: str, t0: float, host_of_mac: dict[str, str]) -> dict[str, float]:
+    """Node (or MAC) -> seconds after t0 of its first gratuitous ARP / ARP reply / NA for the VIP."""
+    firsts: dict[str, float] = {}
+    for t, node in announcements(events, vip, t0, host_of_mac):
+        firsts.setdefault(node, t)
     return firsts
 
 
-def run_command(command: str, timeout: float, result: dict) -> None:
-    proc = subprocess.run(command, shell=True, capture_output=True, text=True, timeout=timeout, check=False)
-    result["command_rc"] = proc.returncode
-    if proc.returncode != 0:
-        result["command_output"] = (proc.stdout + proc.stderr)[-3000:]
+def announce_runs(events: list[dict], vip: str, t0: float, host_of_mac: dict[str, str]) -> list[list]:
+    """[seconds after t0, node] at each announcement for the VIP by another node than the one before."""
+    runs: list[list] = []
+    for t, node in announcements(events, vip, t0, host_of_mac):
+        if not runs or runs[-1][1] != node:
+            runs.append([t, node])
+    return runs
+
+
+def run_command(command: str, timeout: float, result: dict, t0: float | None = None) -> None:
+    """Run ``command``; with ``t0``, result["tasks"] lists [seconds after t0, task] for each Ansible task it
+    started (to place an announcement on the timeline of the playbooks)."""
+    tasks: list[list] = []
+    out: list[str] = []
+    with subprocess.Popen(command, shell=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          start_new_session=True) as proc:
+        assert proc.stdout is not None
+        watchdog = threading.Timer(timeout, os.killpg, (proc.pid, signal.SIGKILL))  # the whole shell pipeline
+        watchdog.start()
+        try:
+            for line in proc.stdout:
+                out.append(line)
+                if t0 is not None and line.startswith("TASK ["):
+                    tasks.append([round(time.time() - t0, 1), line[6:].split("]", 1)[0]])
+            rc = proc.wait()
+        finally:
+            watchdog.cancel()
+    result["command_rc"] = rc
+    if t0 is not None:
+        result["tasks"] = tasks
+    if rc != 0:
+        result["command_output"] = "".join(out)[-3000:]
 
 
 def watch(a: argparse.Namespace, host_of_mac: dict[str, str], url: str) -> dict:
@@ -180,7 +219,7 @@ def watch(a: argparse.Namespace, host_of_mac: dict[str, str], url: str) -> dict:
     try:
         time.sleep(2)
         t0 = time.time()
-        run_command(a.command, a.timeout, result)
+        run_command(a.command, a.timeout, result, t0)
         time.sleep(1)
         result["seconds"] = round(time.time() - t0, 1)
         result.update(http_report(poller.since(t0), t0))
@@ -189,6 +228,7 @@ def watch(a: argparse.Namespace, host_of_mac: dict[str, str], url: str) -> dict:
         poller.close()
     events = json.loads(labctl(a.lab, "capture", "read", capture["pcap"], "--kinds", "arp"))
     result["announcers"] = announcers(events, a.vip, t0, host_of_mac)
+    result["announce_runs"] = announce_runs(events, a.vip, t0, host_of_mac)
     Path(capture["pcap"]).unlink(missing_ok=True)
     return result
 

@@ -428,3 +428,20 @@ def test_services_option_keeps_only_the_services_keepalived_owns():
         k.plan(docs, NODES3, {"services": ["prod/c"]})
     with pytest.raises(ConfigError, match=r'services: no Service "prod/zz"'):
         k.plan(docs, NODES3, {"services": ["prod/zz"]})
+
+
+def test_every_instance_tracks_its_own_hold_file_beside_the_drain_file():
+    p = k.plan(base_docs(svc("a", "198.51.100.200"), svc("b", "198.51.100.201")), NODES3,
+               {"drain_file": "/etc/keepalived/nocloudlb-drain"})
+    text = render_all(p)["n2"]
+    tracks = blocks(text, "track_file")
+    insts = blocks(text, "vrrp_instance")
+    assert len(insts) == 2
+    for name, inst in insts.items():
+        hold = tracks[f"nocloudlb_hold_{name}"]
+        assert field(hold, "file") == f'"/etc/keepalived/nocloudlb-hold-{name}"'
+        assert field(hold, "weight") == "0"  # non-zero = FAULT, never a priority change
+        assert field(hold, "init_file") == "0"  # created released; an existing 1 is kept across a reload
+        assert f"nocloudlb_hold_{name}" in inst and "nocloudlb_drain" in inst
+    files = {i["name"]: i["hold_file"] for i in k.summary(p)}
+    assert files == {n: f"/etc/keepalived/nocloudlb-hold-{n}" for n in insts}
