@@ -123,16 +123,16 @@ docs-check: deps venv
 # (the image builds mostly wait on the mirror and the disk); `install-test+own-hosts-test` run side
 # by side too (two labs of their own, mostly waiting on ssh, systemd and drains), and so do the edges and
 # dataplane scenarios (2 m 40 s together instead of about 3 m), the lab role's scenario beside the default
-# one (labs of their own, "mol" and "l2"), and keepalived and bgp (8 m 20 s to 8 m 46 s instead of about
-# 13 m; labctl's cgroup freeze asks again when a loaded machine leaves a host FREEZING). chaos-short
-# runs beside labtests: its lab mostly waits on timers (114 CPU-seconds in 162 s alone; labtests 362 in
-# 263 s), its goals have seconds of margin, and the pair took 5 m 02 s instead of 7 m 04 s one after
-# the other. The molecule scenarios use both cores each (Ansible), so a pair of them takes about as long
-# as the two one after the other; they run side by side for what little that saves.
+# one (labs of their own, "mol" and "l2"). chaos-short runs beside labtests: its lab mostly waits on
+# timers (114 CPU-seconds in 162 s alone; labtests 362 in 263 s), its goals have seconds of margin, and
+# the pair took 5 m 02 s instead of 7 m 04 s one after the other. keepalived and bgp run one after the
+# other: each keeps both cores busy (Ansible), so side by side they took 11 m 26 s against about 6 m
+# each alone, and the load stalled a `fast`-profile speaker past its 100 ms suspicion time at a reload
+# (the keepalived migration then saw a second MAC for 0.5 s, in two CI runs).
 # ansible-test sanity installs its tools into virtualenvs of its own (~/.ansible/test/venv), never into
 # the one unit runs from.
 TEST_STEPS := unit+lab-images+sanity+lint+docs-check+fuzz netns labtests+chaos-short install-test+own-hosts-test \
-	molecule-lab+molecule-default molecule-edges+molecule-dataplane molecule-keepalived+molecule-bgp
+	molecule-lab+molecule-default molecule-edges+molecule-dataplane molecule-keepalived molecule-bgp
 test: deps venv
 	$(PY) scripts/run-steps.py --title "make test" $(TEST_STEPS)
 
