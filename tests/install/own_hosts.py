@@ -323,13 +323,29 @@ class Load:
         env.lab.exec("c1", ["rm", "-f", STOP])
         self.env = env
         self.proc = env.lab.popen_exec("c1", ["python3", "-c", LOAD_CODE, f"http://{VIP}/", STOP])
+        self.errors: list[float] = []  # epoch seconds of the failed requests (stop)
 
     def stop(self) -> tuple[int, int]:
         self.env.lab.exec("c1", ["touch", STOP])
         out, _err = self.proc.communicate(timeout=30)
         res = json.loads(out.strip().splitlines()[-1])
         print(f"  HTTP from c1 during the block: {res['ok']} answered, {res['failed']} failed {res['errors']}")
+        self.errors = [float(e.split()[0]) for e in res["errors"]]
         return res["ok"], res["failed"]
+
+    def show_journals(self) -> None:
+        """Every node's speaker journal from 3 s before the first failed request to 2 s after the last, so a
+        failure names the move it met (the block's playbook output has no times; the lab goes at the end)."""
+        if not self.errors:
+            return
+        since, until = min(self.errors) - 3, max(self.errors) + 2
+        for node in NODES:
+            r = self.env.lab.exec(node, ["journalctl", "-u", "nocloudlb-speaker.service", "-o", "short-precise",
+                                         "--since", f"@{since:.2f}", "--until", f"@{until:.2f}", "--no-pager"],
+                                  check=False)
+            lines = (r.stdout + r.stderr).strip().splitlines()[-40:]
+            print(f"  {node}'s speaker journal around the failed requests ({len(lines)} lines):")
+            print("\n".join("  | " + ln[:300] for ln in lines))
 
 
 def check_cluster(env: Env, members: int) -> None:
@@ -468,6 +484,7 @@ def main() -> int:
             if load is not None:
                 ok_n, failed_n = load.stop()
                 if failed_n or not ok_n:
+                    load.show_journals()
                     fail(f"block {i}: {failed_n} HTTP requests to {VIP} failed ({ok_n} answered)")
             for h in hooks:
                 h.after(env)
