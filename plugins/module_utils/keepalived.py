@@ -789,7 +789,7 @@ def render(p: Plan, node: str, only: set[str] | None = None) -> str:
 
 def hold_file(drain_file: str, instance: str) -> str:
     """The track file that holds one instance in FAULT during a migration, beside the drain file."""
-    return f"{drain_file.rsplit('/', 1)[0] or ''}/nocloudlb-hold-{instance}"
+    return f"{drain_file.rsplit('/', 1)[0]}/nocloudlb-hold-{instance}"
 
 
 def _hold_name(inst: Instance) -> str:
