@@ -141,7 +141,8 @@ class Speaker:
         self.report = StatusReport(self.rt, self.config, self.views, self.fail)  # status and metrics
         self.peerview = PeerViews(self.rt, self.config, self.views)  # how other members see this node
         self.handlers = ControlHandlers(self.rt, self.config, self.views, self.report, self.peerview)
-        self.modeset = ModeSet(self.rt, announcer_factory, self.gate.reason, self.views.member_macs)  # makes modes
+        self.modeset = ModeSet(self.rt, announcer_factory, self.gate.reason, self.views.member_macs,
+                               self.views.led_off_wire)  # makes the modes
         self.reconciler = Reconciler(self.rt, self.config, self.views, self.modeset, self.fail)  # the decision pass
         self.lease = LeaseRenewal(self.rt)  # the layer-2 answering lease, renewed while the loop waits
         self.control: Any = None

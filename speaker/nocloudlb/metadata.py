@@ -18,6 +18,14 @@ Keys (all short, values are ASCII):
        label keys used by the L2Advertisements' node selectors. Other labels stay local.
 ``m``  the MACs of the interfaces this node announces VIPs on (base64 of 6-byte MACs, at
        most ``MAX_MACS``): peers recognise its answers by them (layer-2 mode).
+``x``  the VIPs this node leads but does not answer on the wire (layer-2 mode: its RFC 5227 check
+       runs, or another MAC answers them, a conflict): base64 of 4-byte keys (``off_wire_key``), at
+       most ``MAX_OFF_WIRE``, or ``*`` for more (or when the list does not fit; nothing when ``*`` does
+       not fit either: only a config within 6 bytes of the bound, and the node that found a conflict
+       still remembers it, l2/mode.py). A member that takes
+       such a VIP from this node runs the check first instead of announcing at once (the skip is for
+       addresses the old leader answered): the address was never ours on the wire, so skipping the
+       check would fight a host that owns it. A reader that cannot decode ``x`` reads ``*``.
 ``n``  the speaker's version (``nocloudlb.__version__``, at most ``MAX_VERSION`` printable
        ASCII characters) and
 ``p``  its wire protocol's number (``nocloudlb.WIRE_VERSION``, decimal): shown per member by
@@ -36,8 +44,8 @@ does not know is unknown there (counted unhealthy: conservative, Local-policy VI
 to a node whose health for them is unknown). Two services with one id are refused at load.
 
 ``worst_case_size`` is the largest metadata a config can produce (every selector label set
-to a 63-character value, a bitmap that does not compress, the most MACs; ``a``/``r`` are sent
-only when they fit);
+to a 63-character value, a bitmap that does not compress, the most MACs; ``a``/``r`` and ``x``
+are sent only when they fit, so adding ``x`` refused no config that loaded before);
 a config whose worst case does not fit in ``MAX_META`` bytes is refused at load, so
 publishing never fails for size at run time.
 """
@@ -46,6 +54,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import ipaddress
 import json
 import zlib
 from collections.abc import Iterable, Mapping
@@ -59,6 +68,8 @@ MAX_MACS = 4
 MAX_DIFF = 16
 MAX_LABEL_VALUE = 63
 MAX_VERSION = 32
+MAX_OFF_WIRE = 8
+ALL_OFF_WIRE = "*"  # ``x``: more addresses than travel, or an ``x`` that does not decode
 
 
 def version_text(text: object) -> str:
@@ -119,6 +130,26 @@ def unpack_macs(text: str) -> tuple[bytes, ...]:
     return tuple(dict.fromkeys(raw[i:i + 6] for i in range(0, len(raw), 6)))
 
 
+def off_wire_key(ip: str) -> bytes:
+    """The 4 bytes ``x`` carries for a VIP: a hash of its canonical text (one length for IPv4 and IPv6)."""
+    return hashlib.sha256(str(ipaddress.ip_address(ip)).encode()).digest()[:4]
+
+
+def pack_off_wire(ips: Iterable[str]) -> str:
+    keys = sorted({off_wire_key(ip) for ip in ips})
+    return base64.b64encode(b"".join(keys)).decode("ascii") if len(keys) <= MAX_OFF_WIRE else ALL_OFF_WIRE
+
+
+def unpack_off_wire(text: str) -> frozenset[bytes] | None:
+    """The keys in ``x``; None for ``*`` (any VIP that node leads may be off the wire)."""
+    if text == ALL_OFF_WIRE:
+        return None
+    raw = base64.b64decode(text.encode("ascii"), validate=True)
+    if len(raw) % 4 or len(raw) > 4 * MAX_OFF_WIRE:
+        raise ValueError(f"off-wire keys are 4 bytes each, at most {MAX_OFF_WIRE}")
+    return frozenset(raw[i:i + 4] for i in range(0, len(raw), 4))
+
+
 def meta_size(meta: Mapping[str, str]) -> int:
     """An upper bound of kinship's encoded size of ``meta`` (measured: 1 + 2 per entry + text; 4 per
     entry here to cover longer length prefixes)."""
@@ -135,6 +166,11 @@ class PeerInfo:
     macs: tuple[bytes, ...] = ()  # in the order published: the ones VIPs are announced from first
     version: str = ""  # the speaker's version ("n"), "" when the member publishes none (an older speaker)
     wire: int | None = None  # its wire protocol's number ("p"), None when it publishes none
+    off_wire: frozenset[bytes] | None = frozenset()  # ``x``: off_wire_key of each; None: any may be
+
+    def leads_off_wire(self, ip: str) -> bool:
+        """This member said it leads ``ip`` without answering it (its check runs, or another MAC answers)."""
+        return self.off_wire is None or (bool(self.off_wire) and off_wire_key(ip) in self.off_wire)
 
 
 class MetaCodec:
@@ -168,7 +204,7 @@ class MetaCodec:
             self.added, self.removed = set(by_id) - prev, prev - set(by_id)
 
     def encode(self, labels: Mapping[str, str], healthy: Iterable[str],
-               macs: Iterable[bytes] = ()) -> dict[str, str]:
+               macs: Iterable[bytes] = (), off_wire: Iterable[str] = ()) -> dict[str, str]:
         relevant = {k: v for k, v in sorted(labels.items()) if k in self.label_keys}
         meta = {
             "v": VERSION,
@@ -182,6 +218,13 @@ class MetaCodec:
         mac_list = list(macs)
         if mac_list:
             meta["m"] = pack_macs(mac_list)
+        off = list(off_wire)
+        if off:  # the list when it fits, else "*" when that fits
+            packed = pack_off_wire(off)
+            for value in (packed, ALL_OFF_WIRE):
+                if meta_size({**meta, "x": value}) <= MAX_META:
+                    meta["x"] = value
+                    break
         if (self.added or self.removed) and len(self.added) <= MAX_DIFF and len(self.removed) <= MAX_DIFF:
             diff = {"a": _pack_ids(self.added)} if self.added else {}
             if self.removed:
@@ -218,7 +261,15 @@ class MetaCodec:
     def decode(self, meta: Mapping[str, str]) -> PeerInfo:
         info = self._decode(meta)
         version, wire = version_text(meta.get("n", "")), wire_number(meta.get("p", ""))
-        return info if not version and wire is None else replace(info, version=version, wire=wire)
+        if version or wire is not None:
+            info = replace(info, version=version, wire=wire)
+        if meta.get("x"):
+            try:
+                off_wire = unpack_off_wire(str(meta["x"]))
+            except (ValueError, UnicodeError):
+                off_wire = None  # unreadable: any VIP that node leads may be off the wire (check, never fight)
+            info = replace(info, off_wire=off_wire)
+        return info
 
     def _decode(self, meta: Mapping[str, str]) -> PeerInfo:
         chash = str(meta.get("c", ""))

@@ -32,11 +32,13 @@ log = logging.getLogger("nocloudlb.speaker")
 
 class ModeSet:
     def __init__(self, rt: Runtime, announcer_factory: Any, gate: Callable[[], str],
-                 member_macs: Callable[[], dict[str, tuple[bytes, ...]]]) -> None:
+                 member_macs: Callable[[], dict[str, tuple[bytes, ...]]],
+                 led_off_wire: Callable[[str, str], bool] = lambda member, ip: False) -> None:
         self.rt = rt  # modes, steps, post; l2 and delivery are set here
         self._announcer_factory = announcer_factory  # tests record instead of sending (None: L2Announcer)
         self.gate = gate  # may this node announce now (gate.py)
         self.member_macs = member_macs  # the members' MACs (views.py)
+        self.led_off_wire = led_off_wire  # (member, ip): it leads ip without answering it (views.py)
         self._mode_failed_at: dict[str, float] = {}  # optional modes whose start failed, when
 
     def build(self, cfg: SpeakerConfig) -> list[Mode]:
@@ -57,7 +59,8 @@ class ModeSet:
 
             handover = HandoverForwarder(logging.getLogger("nocloudlb.l2"), grace=cfg.handover_grace)
         self.rt.l2 = L2Mode(None, self.rt.delivery, cfg.state_dir, gate=self.gate,
-                            member_macs=self.member_macs, handover=handover, post=self.rt.post,
+                            member_macs=self.member_macs, led_off_wire=self.led_off_wire,
+                            handover=handover, post=self.rt.post,
                             other_lo=self.other_lo, suspecters=self.rt.suspecters, quorum=self.rt.has_quorum,
                             before_gain=self.before_gain)
         self.rt.l2.announcer = factory(cfg.node_name, logging.getLogger("nocloudlb.l2"),

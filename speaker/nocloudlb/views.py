@@ -13,7 +13,10 @@
   heartbeats pushed first wins), this node from what it published; members the heartbeats suspect or
   that say they have no quorum count as unreachable; a peer on another config digest is logged
   ``configMismatch`` once per digest. It also hands the heartbeats their peers (``heartbeat_peers``);
-- ``peers``: the members' decoded metadata from the last view (``member_macs()``: their MACs).
+- ``peers``: the members' decoded metadata from the last view (``member_macs()``: their MACs;
+  ``led_off_wire(member, ip)``: it said it leads the VIP without answering it (its conflict check
+  runs, or another MAC answers), read from the last metadata seen, also after the member is gone,
+  since that is when its VIPs are taken).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ class Views:
         self.meta_error = ""
         self.peers: dict[str, PeerInfo] = {}
         self._peer_configs: dict[str, str] = {}
+        self._last_seen: dict[str, PeerInfo] = {}  # every member's last decoded metadata, gone ones too
 
     def my_labels(self) -> dict[str, str]:
         assert self.config.cfg is not None and self.rt.labels is not None
@@ -52,21 +56,28 @@ class Views:
     def meta(self) -> dict[str, str]:
         assert self.config.codec is not None and self.rt.health is not None
         macs: list[bytes] = []
+        off_wire: list[str] = []
         labels = self.my_labels()
         for m in self.rt.modes:
             meta = m.hook("meta") or {}
             macs.extend(meta.get("macs", []))
+            off_wire.extend(meta.get("offWire", []))
             if meta.get("exclude"):  # a mode cannot serve safely (l2: ARP sysctls): peers elect others
                 labels = {**labels, DRAIN_LABEL: ""}
         if self.fail_reason():  # a failure persists (loop or mode): peers take over by a planned move
             labels = {**labels, DRAIN_LABEL: ""}
         # unknown health is not health: only the Local-policy services move away
         _ok, healthy = self.rt.steps.run("health", self.rt.health.healthy, default=frozenset())
-        return self.config.codec.encode(labels, healthy, macs)
+        return self.config.codec.encode(labels, healthy, macs, off_wire)
 
     def member_macs(self) -> dict[str, tuple[bytes, ...]]:
         """Member -> the MACs it published (the members' VIP-interface MACs), this node excluded."""
         return {name: info.macs for name, info in dict(self.peers).items() if info.macs}
+
+    def led_off_wire(self, member: str, ip: str) -> bool:
+        """``member`` said (in its last metadata seen) it leads ``ip`` without answering it."""
+        info = self._last_seen.get(member)
+        return info is not None and info.leads_off_wire(ip)
 
     def published(self) -> PeerInfo | None:
         """This node as its peers see it: the metadata kinship accepted last, decoded."""
@@ -103,6 +114,7 @@ class Views:
                            node=name, theirs=digest, ours=self.config.cfg.digest)
         self._peer_configs = {n: i.config_hash for n, i in peers.items()}
         self.peers = peers
+        self._last_seen.update(peers)
         return views
 
     def heartbeat_peers(self, members: list) -> None:

@@ -11,8 +11,10 @@ counter and gauge, and one ``ipConflict`` log event. The client sees only the fo
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 from typing import Any
 
 import pytest
@@ -112,3 +114,48 @@ def test_leader_reports_a_foreign_owner_and_does_not_fight_it(make_segment, tmp_
     assert not [e for n in NODES for e in c.events(n, "serviceAnnounced") if e.get("ip") in (taken, V6)]
     v6_row = row(v6_leader, V6)
     assert v6_row["reason"] == "ipConflict" and v6_row["conflict"]["mac"] == foreign.mac
+
+
+def test_a_conflicted_vip_is_not_taken_unchecked_when_its_leader_stops(make_segment, tmp_path):
+    """The leader of a VIP a foreign host answers for is frozen, then killed: the next node takes the VIP
+    from a member it saw lead it, which normally skips the RFC 5227 check (failover speed). That member never
+    announced it (it reported the conflict), so the taker must check and find the foreign host too: the
+    client never hears a speaker's MAC for the address (CI at ed12843: a frozen leader's successor answered
+    beside the foreign host)."""
+    seg = make_segment(hosts=4)
+    foreign = seg.hosts[3]
+    vips = spread_vips(NODES)
+    taken = next(iter(vips))
+    leader = vips[taken]
+    successor = election_order(NODES, taken)[1]
+    seg.run(foreign.ns, "sysctl -qw net.ipv4.conf.all.arp_ignore=0 net.ipv4.conf.eth0.arp_ignore=0"
+                        f" && ip addr add {taken}/32 dev eth0")
+    resources = pool_docs() + [service_doc(f"svc{i}", [ip]) for i, ip in enumerate(sorted(vips))]
+    c = SpeakerCluster(ThreeOf(seg), tmp_path, profile="fast", resources=resources)  # type: ignore[arg-type]
+    cap = Capture(seg, tmp_path / "cap.txt")
+    c.start_all()
+    c.wait(lambda: c.vip(leader, taken)["l2State"] == "conflict", 10, f"{leader} finds {taken} taken")
+    time.sleep(0.5)  # the conflict reaches the peers by gossip (a few rounds of 100 ms)
+    ours = {c.mac(n) for n in NODES}
+
+    # frozen: its peers suspect it within ~100 ms (fast) and the successor takes the VIP over, with the check
+    c.send_signal(leader, signal.SIGSTOP)
+    try:
+        heard: list[str] = []
+        end = time.monotonic() + 2.0
+        while time.monotonic() < end:
+            heard += [a["mac"] for a in c.probe(taken, 0.2)]
+        st = c.vip(successor, taken)
+    finally:
+        c.send_signal(leader, signal.SIGCONT)
+    assert st["leader"] == successor, st
+    assert st["l2State"] == "conflict" and st["conflict"]["mac"] == foreign.mac, st
+    assert set(heard) == {foreign.mac}, heard
+    c.wait(lambda: c.vip(successor, taken)["leader"] == leader, 10, f"{leader} leads {taken} again")
+
+    # killed: the same from a member that is gone
+    c.stop(leader)
+    c.wait(lambda: c.vip(successor, taken)["l2State"] == "conflict", 10, f"{successor} finds {taken} taken")
+    for _probe in range(5):
+        assert [a["mac"] for a in c.probe(taken, 0.2)] == [foreign.mac]
+    assert not [f for f in cap.gratuitous(taken) if f["src"] in ours]

@@ -343,6 +343,18 @@ class L2Announcer:
         with self._lock:
             return self._table.unanswered()
 
+    def off_wire(self, limit: int) -> list[str]:
+        """At most ``limit`` addresses given that are not answered: under the RFC 5227 check or in conflict
+        (published to peers, metadata ``x``: one taking them from this node checks them first)."""
+        with self._lock:
+            out = list(self._table.conflicts)[:limit]
+            for vip in self._table.checking.values():
+                if len(out) >= limit:
+                    break
+                if vip.ip not in self._table.conflicts:
+                    out.append(vip.ip)
+            return out
+
     def conflicts(self) -> list[dict]:
         """Addresses not announced because another MAC answered for them: ip, mac, iface, at (ISO 8601)."""
         with self._lock:

@@ -39,7 +39,8 @@ The parts, each in its own module; ``L2Mode`` composes them and runs the steps a
 plan.py (step 1: the election's answer as rows and what to announce), forwarding.py (handover
 forwarding of planned moves), handoff.py (what the side giving a VIP up answers until the taker
 announces), arpguard.py (fail closed on wrong ARP sysctls), macmeta.py (the
-MACs published and the members'), rows.py (the rows and the L2 layer's overlay), rowlog.py (the
+MACs published and the members'), offwire.py (the VIPs led but not answered: checked when
+taken), rows.py (the rows and the L2 layer's overlay), rowlog.py (the
 log of changes), heal.py (what a heal re-announces), lohold.py (the VIPs held on lo).
 """
 
@@ -67,6 +68,7 @@ from .handoff import HANDOFF_MAX, handoffs
 from .heal import heal_picks
 from .lohold import LoHold
 from .macmeta import MacMeta
+from .offwire import OffWire
 from .plan import Planner
 from .rowlog import RowLog
 from .rows import PENDING, L2View, VipRow, read_l2_view, seen_key, with_l2
@@ -107,13 +109,15 @@ def member_ip(addr: str) -> str | None:
 
 class L2Mode:
     """See the module docstring. ``gate()`` -> "" or the reason this node may not announce at all;
-    ``member_macs()`` -> member name -> the MACs it published (this node excluded)."""
+    ``member_macs()`` -> member name -> the MACs it published (this node excluded);
+    ``led_off_wire(member, ip)`` -> that member said it leads ``ip`` without answering it (plan.py)."""
 
     name = "l2"
 
     def __init__(self, announcer: Any, delivery: Any, state_dir: str, *,
                  gate: Callable[[], str] = lambda: "",
                  member_macs: Callable[[], dict[str, tuple[bytes, ...]]] = dict,
+                 led_off_wire: Callable[[str, str], bool] = lambda member, ip: False,
                  handover: Any = None, post: Callable[[], None] = lambda: None,
                  other_lo: Callable[[], set[str]] = set,
                  suspecters: Callable[[], frozenset[str]] = frozenset,
@@ -136,6 +140,7 @@ class L2Mode:
         # its caller, and a failure in it never stops the takeover
         self.before_gain = before_gain
         self._macs = MacMeta(self._member_macs)
+        self.off_wire = OffWire(led_off_wire)  # VIPs their leader did not answer: checked when taken (offwire.py)
         self.wire = WireRule(self._macs.member_of, post)  # take only with quorum; the wire as the last word
         self._yielded: set[str] = set()  # VIPs this node gave up to a member suspecting it, not yet taken back
         self.me = ""
@@ -149,7 +154,7 @@ class L2Mode:
         # the ARP sysctls are wrong and cannot be set back: the kernel would answer for every IPv4
         # VIP on lo, so this node holds none there, announces none and publishes itself excluded
         self._arp = ArpGuard(self._post)
-        self._planner = Planner()
+        self._planner = Planner(self.off_wire.must_check)
         self._applied: tuple | None = None  # the inputs of the last full apply (work only on change)
         self.applies = 0  # full applies (the election run), for tests and the scale benchmark
         self.last_apply_ms = 0.0  # how long the last one took
@@ -282,6 +287,7 @@ class L2Mode:
         # log what changed: rows decided differently, and the rows this node wins (the L2 layer's
         # state shows in them); the others are as they were logged before
         l2 = self.l2_view()
+        self.off_wire.note(l2.conflicts)
         watch = {id(r): r for r in plan.changed}
         watch.update((id(r), r) for r in rows if r.announcing)
         seen = [(r, seen_key(r, l2)) for r in watch.values()]
@@ -352,10 +358,16 @@ class L2Mode:
 
     def meta(self) -> dict[str, Any]:
         """The MACs this node answers from, published so peers know its answers (and forward to it);
+        ``offWire``: VIPs it leads but does not answer (under the RFC 5227 check or in conflict; a member
+        taking one checks it first, plan.py), at most one more than travel (metadata.MAX_OFF_WIRE);
         ``exclude`` while the node cannot serve safely (see arpguard.py)."""
+        meta = self._macs.publish(self.announcer, self._announced)
+        off_wire = self.off_wire.publish(self.announcer)
+        if off_wire is not None:
+            meta["offWire"] = off_wire
         if self.arp_unsafe:
-            return {**self._macs.publish(self.announcer, self._announced), "exclude": True}
-        return self._macs.publish(self.announcer, self._announced)
+            meta["exclude"] = True
+        return meta
 
     def on_heal(self, heals: list[tuple[str, str]]) -> list[str]:
         """Re-announce what may have moved behind this node's back (module docstring). Returns the IPs."""

@@ -61,8 +61,9 @@ class Plan:
 class Planner:
     """The election, and the last apply's rows kept for reuse by class."""
 
-    def __init__(self) -> None:
+    def __init__(self, led_off_wire: Callable[[str, str], bool] = lambda member, ip: False) -> None:
         self.election = Election()
+        self.led_off_wire = led_off_wire  # (member, ip): it leads ip without answering it (metadata "x")
         # the last apply's rows, one per entry of the election's plan (``_rows_for``), reused by class
         self._rows_idx: list[VipRow] = []
         self._rows_for: Any = None
@@ -105,7 +106,7 @@ class Planner:
                 if reason == "" and gate:
                     reason = gate
                 if reason == "":
-                    self._gained(me, cls, states, announced, leaders, yielded, p)
+                    self._gained(me, cls, states, announced, leaders, yielded, p, self.led_off_wire)
                 ifaces = g.ifaces
                 if g.mine:
                     p.lo.update(cls.ips)
@@ -138,7 +139,8 @@ class Planner:
 
     @staticmethod
     def _gained(me: str, cls: VipClass, states: dict[str, str], announced: dict[str, list[str]],
-                leaders: dict[str, str], yielded: set[str], p: Plan) -> None:
+                leaders: dict[str, str], yielded: set[str], p: Plan,
+                led_off_wire: Callable[[str, str], bool]) -> None:
         # only the VIPs this node did not announce before: gained from a member we saw lead it
         # (failover, drain, leave): skip the RFC 5227 check, it would only cost failover time.
         # Otherwise (first start, a new VIP, a restart that preempts) check: a member's MAC
@@ -153,6 +155,10 @@ class Planner:
                 # never answer at once; no forwarding: its connections never left this node
                 continue
             if before and before != me:
+                if led_off_wire(before, ip):
+                    # it led the VIP without answering it (its own check ran, or another MAC answers: it said so
+                    # in its metadata): checked as on a first start, so this node does not fight that host
+                    continue
                 p.skip.add(ip)
                 if states.get(before) == "alive":
                     p.handed[ip] = before  # a planned move: its in-flight connections go on there

@@ -245,3 +245,28 @@ def test_reload_through_the_control_socket_says_which_settings_wait_for_a_restar
     finally:
         sp.post("stop")
         thread.join(timeout=5)
+
+
+# -- a VIP its leader never answered is checked when taken ------------------------------------
+def test_a_vip_its_leader_did_not_answer_is_checked_when_taken_from_it(harness):
+    """p leads two VIPs and publishes (metadata ``x``) that it does not answer one of them (its RFC 5227 check
+    found another MAC). When p leaves, s takes both: the one p answered without the check (failover speed),
+    the other with it (skipping it would fight the host that answers it). netns: test_speaker_conflict.py."""
+    vips = vips_led(["s", "p"], 2)
+    docs = pool_docs() + [service_doc(f"svc{i}", ip) for i, ip in enumerate(sorted(vips))]
+    sp = harness.speaker("s", docs, join=["p"])
+    off, answered = sorted(mine(vips, "p"))
+    peer = harness.peer("p", sp.codec.encode({}, [], off_wire=[off]), join=["s"])
+    decided(sp, {"s", "p"})
+    sp.reconcile()
+    assert set(sp.journal.announced()) == mine(vips, "s")
+    peer.leave(timeout=2.0)
+
+    def took_both() -> bool:
+        sp.reconcile()
+        return set(sp.journal.announced()) == set(vips)
+
+    wait_for(took_both, 10, "s takes p's VIPs once p left")
+    gained = next(e for e in reversed(sp.journal) if e[0] == "announce" and off in e[1])
+    assert answered in gained[2], "a VIP p answered is checked: failover slowed for nothing"
+    assert off not in gained[2], "a VIP p never answered is taken without the check"

@@ -10,7 +10,7 @@ import pytest
 from inproc_speaker import free_port
 from kinship.blocking import Cluster
 from nocloudlb.core.election import DRAIN_LABEL
-from nocloudlb.metadata import MetaCodec, decode_bitmap, encode_bitmap
+from nocloudlb.metadata import MAX_META, MAX_OFF_WIRE, MetaCodec, decode_bitmap, encode_bitmap, meta_size
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -41,6 +41,35 @@ def test_thousand_local_services_fit_through_kinship(fraction):
     assert info.health_known and info.healthy == frozenset(healthy)
     assert info.labels == {k: v for k, v in LABELS.items() if k in LABEL_KEYS}
     assert info.config_hash == "abcdef01"
+
+
+def test_vips_led_off_the_wire_travel_and_any_doubt_reads_as_all():
+    """``x``: the VIPs a node leads without answering them; a peer taking one checks it first (plan.py)."""
+    codec = MetaCodec(SERVICES, LABEL_KEYS, "abcdef01")
+    off = ["198.51.100.200", "2001:db8:1::201"]
+    info = codec.decode(codec.encode(LABELS, [], off_wire=off))
+    assert info.leads_off_wire("198.51.100.200") and info.leads_off_wire("2001:DB8:1:0::201")  # canonical text
+    assert not info.leads_off_wire("198.51.100.201")
+    assert "x" not in codec.encode(LABELS, [])  # none: nothing extra on the wire
+    assert not codec.decode(codec.encode(LABELS, [])).leads_off_wire("198.51.100.200")
+    many = [f"198.51.100.{i}" for i in range(MAX_OFF_WIRE + 1)]
+    meta = codec.encode(LABELS, [], off_wire=many)
+    assert meta["x"] == "*" and codec.decode(meta).leads_off_wire("203.0.113.9")  # more than travel: all
+    for garbage in ("!!", "AAA=", "A" * 64):  # not base64, not 4-byte keys, too many keys: all
+        assert codec.decode({**meta, "x": garbage}).leads_off_wire("203.0.113.9"), garbage
+
+
+def test_the_list_of_vips_off_the_wire_gives_way_to_a_star_when_it_does_not_fit():
+    keys = {f"k{i}" for i in range(5)}  # the most selector labels a config may have with the most MACs
+    codec = MetaCodec([], keys, "abcdef01")
+    labels = {k: "v" * 63 for k in keys}
+    macs = [bytes([2, 0, 0, 0, 0, i]) for i in range(4)]
+    off = [f"198.51.100.{i}" for i in range(MAX_OFF_WIRE)]
+    assert codec.worst_case_size() <= MAX_META  # the config is accepted at load
+    meta = codec.encode(labels, [], macs, off_wire=off)
+    assert meta_size(meta) <= MAX_META and meta["x"] == "*"  # the list would not fit: "*"
+    assert meta_size(codec.encode(labels, [], macs, off_wire=off[:1])) <= MAX_META
+    assert len(codec.encode(labels, [], off_wire=off)["x"]) > 1  # without the MACs the list fits
 
 
 def test_too_much_is_refused_by_kinship():
