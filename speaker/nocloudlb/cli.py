@@ -159,6 +159,11 @@ def main(argv: list[str] | None = None) -> int:
     sbp.add_argument("--socket", default=DEFAULT_SOCKET)
     sbp.add_argument("-c", "--config", default=DEFAULT_PATH)
     sbp.add_argument("--since", default="2h", help="journal since this long ago (journalctl syntax, e.g. 30min)")
+    shp = sub.add_parser("stop-handoff", help="before a stop of the speaker (the unit's ExecStop): drain this "
+                         "node and wait until its layer-2 VIPs are taken, so the stop moves nothing unplanned")
+    shp.add_argument("--socket", default=DEFAULT_SOCKET)
+    shp.add_argument("--state-dir", default="/var/lib/nocloudlb", help="the speaker's stateDir (for the marker)")
+    shp.add_argument("--timeout", type=float, default=8.0, help="seconds to wait for the takers (then stop anyway)")
     sub.add_parser("bgp-guard", help="after a stop of the speaker (the unit's ExecStopPost): withdraw bgpd's "
                    "networks unless the stop was clean and systemd restarts the speaker")
     a = p.parse_args(argv)
@@ -175,6 +180,11 @@ def main(argv: list[str] | None = None) -> int:
 
         logs.setup("info", background=False)
         return guard()
+    if a.command == "stop-handoff":
+        from .stophandoff import handoff
+
+        print(f"nocloudlb stop-handoff: {handoff(a.socket, a.state_dir, a.timeout)}", flush=True)
+        return 0
     if a.command in ("reload", "keys"):
         resp = _request(a.socket, {"cmd": a.command})
         print(json.dumps(resp, indent=2, sort_keys=True))

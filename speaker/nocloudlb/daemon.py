@@ -68,7 +68,7 @@ from typing import Any
 
 import kinship
 
-from . import logs, sdnotify
+from . import logs, sdnotify, stophandoff
 from .bgp import hold
 from .config import SpeakerConfig
 from .configcheck import check_extra, health_specs, label_keys, local_services, metadata_problems, validate
@@ -183,6 +183,8 @@ class Speaker:
 
     def _start(self, cfg: SpeakerConfig) -> None:
         self.rt.labels = LabelStore(cfg.state_dir)
+        # the drain the last stop set (the unit's ExecStop) goes once this node decided with it (stophandoff.py)
+        self.reconciler.stop_drain = stophandoff.Release(self.rt.labels, cfg.state_dir, self.post)
         self.rt.health = HealthChecker(self.post)
         self.config.apply(cfg, first=True)
         for mode in self.modeset.build(cfg):

@@ -36,6 +36,7 @@ class Reconciler:
         self.modeset = modeset
         self.fail = fail
         self._settled: Any = None  # the parsed config whose objects memory.settle() froze
+        self.stop_drain: Any = None  # stophandoff.Release: the drain of the last stop, removed after the start
 
     def reconcile(self) -> None:
         cfg = self.config.cfg
@@ -58,6 +59,9 @@ class Reconciler:
         for m in self.rt.modes:
             m.apply(cfg.node_name, nodes, cfg.parsed)  # behind ModeRunner's barrier
         self.rt.steps.run("push", self.views.push)  # after the modes: a drain's hand-off is armed before peers act
+        if self.stop_drain is not None and self.stop_drain.after_reconcile(self.modeset.gate()):
+            logs.event(log, "stopDrainCleared", "the drain the last stop set to hand the VIPs over is removed: "
+                       "this node takes its VIPs back as from an undrain")
         self.fail.note()
         if self._settled is not cfg.parsed:  # issue 10: no full collection over the config in a reconcile
             self._settled = cfg.parsed

@@ -176,6 +176,13 @@ class LabelStore:
             new_set.pop(key, None)
             if key not in new_unset:
                 new_unset.append(key)
+        self._write(new_set, new_unset)
+
+    def drop(self, key: str) -> None:
+        """Forget the runtime value of ``key`` (a static label of that key shows again: not an unset)."""
+        self._write({k: v for k, v in self.set.items() if k != key}, list(self.unset))
+
+    def _write(self, new_set: dict[str, str], new_unset: list[str]) -> None:
         body = json.dumps({"set": new_set, "unset": sorted(new_unset)}, indent=1, sort_keys=True)
         atomic_write(self.path, body.encode() + b"\n", 0o644)
         self.set, self.unset = new_set, new_unset
