@@ -7,10 +7,14 @@ Each node in turn is drained (its VIP moves to the next node) and undrained (it 
 twice: 12 moves. Throughout, a client asks ARP for every VIP every 20 ms and records every MAC that
 answers (arp_sampler.py), and GETs every VIP back to back. Measured before the hand-off (the side
 giving the VIP up stopped answering at its decision): 9 samples of 20 ms without an answer in 12
-moves; now none. Nor may a sample have two MACs: the taker announces before it answers (its responder
+moves; now none. Nor should a sample have two MACs: the taker announces before it answers (its responder
 child sends the announcement, then answers: l2/responder.py ``T``) and the giver stops on that very
 frame, so both answer only a request that crosses the announcement on the wire (microseconds:
-test_l2_take.py counts them request by request). The drained node's metadata reaches its peers' heartbeats
+test_l2_take.py counts them request by request; benchmarks/take_race.py --moves 100: 20 of 25,585
+requests sent 0.2 ms apart, about 0.02 ms per move). A sample every 20 ms meets that crossing about once
+in a hundred runs idle, more often on a loaded CI host (once in CI, at f611ad9): a single sample with two
+MACs at a move is that crossing and is allowed once per run; two, or two in a row (a window), are not.
+The drained node's metadata reaches its peers' heartbeats
 only once it has armed its hand-offs (views.py ``push``), so a taker never announces before the giver
 hands off. Before both (0.2.0: the taker answered at its decision and announced from its paced queue a
 moment later) a sample caught two MACs in one run of three. A failure to hand off shows as a run of
@@ -88,7 +92,7 @@ def test_drain_and_undrain_leave_no_sample_without_an_owner(make_segment, tmp_pa
     print(f"  asked to answered by the new node alone (probe every ~0.2 s): {took}")
     longest_two = {ip: arp_sampler.longest(smp, (len(m) > 1 for _t, m in smp), t_end) for ip, smp in per_vip.items()}
     assert max(gaps.values()) <= 1.5 * INTERVAL and max(longest_two.values()) <= 1.5 * INTERVAL, (gaps, longest_two)
-    assert not any(two.values()), f"two MACs for one request (VIP: s from the start): {two}"
+    assert sum(len(v) for v in two.values()) <= 1, f"two MACs for one request (VIP: s from the start): {two}"
     assert sum(len(v) for v in none.values()) <= 2, none
     assert all(polls[ip].moves >= 2 * ROUNDS for ip in vips), {ip: p.moves for ip, p in polls.items()}
     assert not any(failed.values()), failed
