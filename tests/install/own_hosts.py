@@ -106,6 +106,7 @@ class Env:
         self.lab = labctl.Lab(NAME)
         self.jumps: list[subprocess.Popen] = []
         self.before: dict[str, str] = {}  # each node's daemon digest before the upgrade
+        self.upgrade_started = 0.0  # epoch seconds: the upgrade block's restarts come after
 
     # -- the user
     def make_user(self) -> None:
@@ -377,6 +378,7 @@ def digests(env: Env) -> dict[str, str]:
 
 def before_upgrade(env: Env) -> None:
     env.before = digests(env)
+    env.upgrade_started = time.time()
     env.collections(TOP, "this tree (the new release)")
 
 
@@ -386,8 +388,28 @@ def after_upgrade(env: Env) -> None:
     if same:
         fail(f"the upgrade left {same} on the daemon they ran before ({env.before})")
     print(f"  every node's daemon upgraded: {env.before['node1']} -> {after['node1']}")
+    check_handoffs(env)
     check_cluster(env, 3)
     check_answered(env)
+
+
+def check_handoffs(env: Env) -> None:
+    """Each restart of the upgrade went through the unit's ExecStop (nocloudlb stop-handoff, run by this code
+    against the 0.2.0 speaker it stops): the nodes that announced VIPs handed them over, and the new speaker
+    removed that drain once it knew who held them (stopDrainCleared)."""
+    said: dict[str, list[str]] = {}
+    for node in NODES:
+        r = env.lab.exec(node, ["journalctl", "-u", "nocloudlb-speaker.service", "-o", "cat", "--no-pager",
+                                "--since", f"@{env.upgrade_started - 1:.0f}"], check=False)
+        said[node] = [ln.strip()[:200] for ln in r.stdout.splitlines()
+                      if "nocloudlb stop-handoff:" in ln or "stopDrainCleared" in ln]
+        print(f"  {node}: " + (" | ".join(said[node]) or "no stop-handoff line"))
+    missing = [n for n in NODES if not any("nocloudlb stop-handoff:" in ln for ln in said[n])]
+    handed = [n for n in NODES if any("stop-handoff: handed over" in ln for ln in said[n])]
+    uncleared = [n for n in handed if not any("stopDrainCleared" in ln for ln in said[n])]
+    if missing or not handed or uncleared:
+        fail(f"the upgrade's restarts did not hand over through the unit's ExecStop: no stop-handoff line on "
+             f"{missing}, handed over on {handed}, drain not removed after the start on {uncleared}")
 
 
 class Hook(NamedTuple):
