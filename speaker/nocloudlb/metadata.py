@@ -22,7 +22,7 @@ Keys (all short, values are ASCII):
        runs, or another MAC answers them, a conflict): base64 of 4-byte keys (``off_wire_key``), at
        most ``MAX_OFF_WIRE``, or ``*`` for more (or when the list does not fit; nothing when ``*`` does
        not fit either: only a config within 6 bytes of the bound, and the node that found a conflict
-       still remembers it, l2/mode.py). A member that takes
+       still remembers it, l2/offwire.py). A member that takes
        such a VIP from this node runs the check first instead of announcing at once (the skip is for
        addresses the old leader answered): the address was never ours on the wire, so skipping the
        check would fight a host that owns it. A reader that cannot decode ``x`` reads ``*``.
@@ -266,7 +266,7 @@ class MetaCodec:
         if meta.get("x"):
             try:
                 off_wire = unpack_off_wire(str(meta["x"]))
-            except (ValueError, UnicodeError):
+            except ValueError:  # binascii.Error and UnicodeError are ValueErrors
                 off_wire = None  # unreadable: any VIP that node leads may be off the wire (check, never fight)
             info = replace(info, off_wire=off_wire)
         return info

@@ -58,11 +58,16 @@ def _l2_announced(status: dict[str, Any], me: str) -> list[str]:
                   and v.get("protocol", "layer2") == "layer2")
 
 
-def handoff(sock: str, state_dir: str, timeout: float = 8.0, poll: float = 0.05,
-            request: Callable[[str, dict[str, Any]], dict[str, Any]] = _request) -> str:
+def _takers(status: dict[str, Any], me: str) -> list[str]:
+    """The members that may take this node's VIPs: live and not drained."""
+    return [m.get("name") for m in status.get("members") or [] if m.get("name") != me
+            and m.get("state") in LIVE and DRAIN_LABEL not in (m.get("labels") or {})]
+
+
+def handoff(sock: str, state_dir: str, timeout: float = 8.0, poll: float = 0.05) -> str:
     """Drain this node and wait for its layer-2 VIPs to be taken (module docstring). Returns what happened."""
     try:
-        status = request(sock, {"cmd": "status", "vips": "all"})
+        status = _request(sock, {"cmd": "status", "vips": "all"})
     except (OSError, ValueError) as exc:
         return f"nothing handed over: the speaker does not answer ({exc})"
     me = str(status.get("node") or "")
@@ -74,14 +79,12 @@ def handoff(sock: str, state_dir: str, timeout: float = 8.0, poll: float = 0.05,
     if any(v.get("protocol") == "bgp" and v.get("announcing") for v in status.get("vips") or []):
         # a drain would take its next hop from the routers; a restart keeps its routes (bgp/hold.py)
         return f"nothing handed over: {me} announces BGP VIPs too (their routes are kept over a restart)"
-    others = [m.get("name") for m in status.get("members") or [] if m.get("name") != me
-              and m.get("state") in LIVE and DRAIN_LABEL not in (m.get("labels") or {})]
-    if not others:
+    if not _takers(status, me):
         return f"nothing handed over: no live undrained member would take {len(owned)} VIPs"
     marker = Path(state_dir) / MARKER
     try:  # first: a stop cut short after the label still undrains at the next start
         atomic_write(marker, json.dumps({"node": me, "at": time.time(), "vips": owned[:50]}).encode() + b"\n", 0o640)
-        request(sock, {"cmd": "label", "set": {DRAIN_LABEL: "true"}})
+        _request(sock, {"cmd": "label", "set": {DRAIN_LABEL: "true"}})
     except (OSError, ValueError) as exc:
         return f"nothing handed over: cannot drain {me} ({exc})"
     start = time.monotonic()
@@ -89,11 +92,10 @@ def handoff(sock: str, state_dir: str, timeout: float = 8.0, poll: float = 0.05,
     while time.monotonic() - start < timeout:
         time.sleep(poll)
         try:
-            status = request(sock, {"cmd": "status", "vips": "all"})
+            status = _request(sock, {"cmd": "status", "vips": "all"})
         except (OSError, ValueError):
             continue
-        if not [m for m in status.get("members") or [] if m.get("name") != me and m.get("state") in LIVE
-                and DRAIN_LABEL not in (m.get("labels") or {})]:
+        if not _takers(status, me):
             return f"handing over from {me} stopped: no live undrained member is left (all stopping?)"
         leaders = {v["ip"]: v.get("leader") for v in status.get("vips") or []}
         handing = ((status.get("modes") or {}).get("l2") or {}).get("handingOff") or {}
